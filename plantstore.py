@@ -1,0 +1,368 @@
+"""The Plant Store API in one file, on the Python standard library alone.
+
+One operation, ``POST /plants``: a NewPlant JSON object in (``id``, ``name``,
+optional ``tag``), the stored Plant out (``name``, ``tag``; no ``id``), or an
+Error object ``{"error": <status>, "message": ...}``. Every request needs
+``Authorization: Bearer <token>``.
+
+Three ways to run it:
+
+    python plantstore.py [--host H] [--port P]    # the embedded server below
+    gunicorn -w 1 --threads 8 plantstore:app       # production (pip install .[server])
+    make_app(tokens, store=..., max_body_bytes=...)  # inside another WSGI stack
+
+Settings come from the environment: ``PLANTSTORE_TOKENS`` holds the accepted
+bearer tokens, comma-separated. Left unset, ``python plantstore.py`` makes up
+one token and prints it once; ``gunicorn plantstore:app`` refuses to boot.
+Importing this module reads, prints and generates nothing.
+
+A store is any object with ``add(plant_id, name, tag) -> bool``: insert the
+plant atomically and return True, or return False, changing nothing, when the
+id is taken. ``tag`` is None when the plant has none.
+
+The one thing people get wrong: the default ``PlantStore`` lives in the memory
+of one process. Several gunicorn workers would each hold a separate store, so
+run one worker with threads, and pass a shared store when that is not enough.
+
+The embedded server is wsgiref made threaded: a reference server, fine on a
+laptop or behind a proxy; use gunicorn when it faces real traffic.
+"""
+
+import argparse
+import hmac
+import json
+import os
+import secrets
+import socket
+import socketserver
+import sys
+import threading
+import time
+import traceback
+from decimal import Decimal
+from http import HTTPStatus
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+__version__ = "1.0.0"
+# `app` is left out on purpose: it is built from the environment on first use.
+__all__ = ["HTTPError", "PlantStore", "make_app", "make_server", "main"]
+
+TOKENS_VARIABLE = "PLANTSTORE_TOKENS"
+MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
+CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
+JSON_TYPE = "application/json"
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
+
+
+# ---- Errors: raised anywhere, rendered in one place (the application) ----
+
+class HTTPError(Exception):
+    """An answer other than 200: a status, a message for the Error body, extra headers."""
+
+    def __init__(self, status, message, *, headers=()):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = list(headers)
+
+
+# ---- Reading a request, in the order the checks run ----
+
+def check_bearer(environ, accepted):
+    """Raise 401 unless the Authorization header carries one of the accepted tokens (bytes)."""
+    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+    token = token.strip()
+    challenge = 'Bearer realm="plantstore"'
+    if scheme.lower() != "bearer" or not token:
+        raise HTTPError(401, "a bearer token is required: send 'Authorization: Bearer <token>'",
+                        headers=[("WWW-Authenticate", challenge)])
+    # WSGI headers are latin-1 strings; compare bytes in constant time, every token.
+    sent = token.encode("latin-1", "replace")
+    if not sum(hmac.compare_digest(sent, good) for good in accepted):  # no early exit
+        raise HTTPError(401, "the bearer token is not valid",
+                        headers=[("WWW-Authenticate", challenge + ', error="invalid_token"')])
+
+
+def read_body(environ, limit):
+    """Return the request body, refusing a wrong media type or an oversized body before reading it."""
+    media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+    if media_type != JSON_TYPE:
+        raise HTTPError(415, "Content-Type must be application/json", headers=[("Accept", JSON_TYPE)])
+    length = content_length(environ)
+    if length is None and not environ.get("wsgi.input_terminated"):
+        return b""  # no length and no end-of-body marker: PEP 3333 says read nothing
+    if length is not None and length > limit:  # decided before a byte of the body is read
+        raise HTTPError(413, f"request body is larger than {limit} bytes")
+    try:
+        body = environ["wsgi.input"].read(limit + 1 if length is None else length)
+    except OSError:  # the client stalled past the server's timeout, or hung up
+        raise HTTPError(408, "the request body did not arrive in time") from None
+    if len(body) > limit:  # a body of unknown length, read one byte past the limit
+        raise HTTPError(413, f"request body is larger than {limit} bytes")
+    if length is not None and len(body) < length:
+        raise HTTPError(400, "request body is shorter than its Content-Length")
+    return body
+
+
+def content_length(environ):
+    """Return CONTENT_LENGTH as an int, None when absent or empty; 400 unless it is plain digits."""
+    value = environ.get("CONTENT_LENGTH", "")
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit()):  # int() would also take " 7", "+7", "7_0"
+        raise HTTPError(400, "Content-Length must be a non-negative integer")
+    digits = value.lstrip("0")
+    # A length of more than 19 digits is over any limit; do not build a huge int from it.
+    return int(digits or "0") if len(digits) <= 19 else INT64_MAX
+
+
+def decode_json(body):
+    """Parse the body as strict RFC 8259 JSON in UTF-8; any failure is a 400."""
+    if not body:
+        raise HTTPError(400, "request body is empty: send a NewPlant JSON object")
+    try:
+        return _DECODER.decode(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise HTTPError(400, "request body is not valid UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise HTTPError(400, f"request body is not valid JSON: {error.msg} "
+                             f"(line {error.lineno}, column {error.colno})") from None
+    except RecursionError:
+        raise HTTPError(400, "request body is nested too deeply") from None
+    except ValueError:  # int() refuses literals longer than sys.get_int_max_str_digits()
+        raise HTTPError(400, "request body has an integer too long to read") from None
+
+
+def _json_object(pairs):
+    """Build a JSON object, refusing duplicate keys (RFC 8259 leaves their meaning open)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise HTTPError(400, "request body has a duplicate key in an object")
+    return obj
+
+
+def _json_number(text):
+    """Keep a number with a fraction or exponent exact, so that 9223372036854775807.0 stays an integer."""
+    try:
+        return Decimal(text)
+    except ArithmeticError:  # an exponent beyond even Decimal's range
+        raise HTTPError(400, "request body has a number too large to read") from None
+
+
+def _json_constant(name):
+    """Refuse NaN, Infinity and -Infinity, which Python's json accepts and RFC 8259 does not."""
+    raise HTTPError(400, "request body is not valid JSON: NaN and Infinity are not numbers in JSON")
+
+
+# Built once: json.loads() would build a new decoder on every call that passes hooks.
+_DECODER = json.JSONDecoder(object_pairs_hook=_json_object, parse_float=_json_number,
+                            parse_constant=_json_constant)
+
+
+def parse_new_plant(document):
+    """Return (id, name, tag) from a NewPlant document, or raise a 400 naming the field and the rule."""
+    if type(document) is not dict:
+        raise HTTPError(400, "request body must be a JSON object (a NewPlant)")
+    if "id" not in document:
+        raise HTTPError(400, "'id' is required")
+    plant_id = as_int64(document["id"])
+    if "name" not in document:
+        raise HTTPError(400, "'name' is required")
+    name, tag = document["name"], document.get("tag")
+    if type(name) is not str:
+        raise HTTPError(400, "'name' must be a string")
+    if "tag" in document and type(tag) is not str:
+        raise HTTPError(400, "'tag' must be a string")
+    return plant_id, name, tag  # other fields are ignored, and not stored
+
+
+def as_int64(value):
+    """Return the id as an int in int64, JSON Schema's way: 7.0 is the integer 7, true is not an integer."""
+    if not (type(value) is int or (type(value) is Decimal and value == value.to_integral_value())):
+        raise HTTPError(400, "'id' must be an integer")
+    if not INT64_MIN <= value <= INT64_MAX:  # checked before int(): 1e400 never becomes a huge int
+        raise HTTPError(400, f"'id' must be between {INT64_MIN} and {INT64_MAX} (int64)")
+    return int(value)
+
+
+# ---- The store ----
+
+class PlantStore:
+    """The default store: plants by id in a dict, in creation order, guarded by a lock."""
+
+    def __init__(self):
+        self._plants = {}
+        self._lock = threading.Lock()
+
+    def add(self, plant_id, name, tag):
+        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        with self._lock:
+            if plant_id in self._plants:
+                return False
+            self._plants[plant_id] = (name, tag)
+            return True
+
+    def get(self, plant_id):
+        """Return the (name, tag) stored under plant_id, or None."""
+        return self._plants.get(plant_id)
+
+    def __len__(self):
+        return len(self._plants)
+
+
+# ---- The WSGI application ----
+
+def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
+    """Return the WSGI application (PEP 3333) that accepts the given bearer tokens."""
+    if isinstance(tokens, str):
+        raise TypeError("tokens must be a list of strings, not one string")
+    tokens = list(tokens)
+    if not tokens:
+        raise ValueError("tokens must not be empty: plantstore never runs without authentication")
+    if not all(isinstance(t, str) and t and t.isascii() and t.isprintable() and " " not in t
+               for t in tokens):
+        raise ValueError("each token must be a non-empty string of printable ASCII without spaces")
+    if type(max_body_bytes) is not int or max_body_bytes < 0:
+        raise ValueError("max_body_bytes must be a non-negative integer")
+    accepted = [token.encode("ascii") for token in tokens]
+    store = PlantStore() if store is None else store
+    encode = json.JSONEncoder(ensure_ascii=True).encode  # ASCII out: a lone surrogate cannot break it
+
+    def create_plant(environ):
+        """Route, authenticate, read and store one request; return the Plant it created."""
+        if environ.get("PATH_INFO") != "/plants":
+            raise HTTPError(404, "not found: this service has one route, /plants")
+        if environ["REQUEST_METHOD"] != "POST":
+            raise HTTPError(405, "method not allowed: /plants accepts POST", headers=[("Allow", "POST")])
+        check_bearer(environ, accepted)
+        plant_id, name, tag = parse_new_plant(decode_json(read_body(environ, max_body_bytes)))
+        if not store.add(plant_id, name, tag):
+            raise HTTPError(409, "a plant with this 'id' already exists")
+        return {"name": name} if tag is None else {"name": name, "tag": tag}
+
+    def application(environ, start_response):
+        """Answer one request with a JSON body; never let an exception out."""
+        try:
+            status, headers, document = 200, [], create_plant(environ)
+        except HTTPError as error:
+            status, headers = error.status, error.headers
+            document = {"error": error.status, "message": error.message}
+        except Exception:
+            traceback.print_exc(file=environ["wsgi.errors"])
+            status, headers = 500, []
+            document = {"error": 500, "message": "internal server error"}
+        body = encode(document).encode("ascii")
+        start_response(_STATUS_LINES[status], [
+            ("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers])
+        return [body]
+
+    return application
+
+
+def tokens_from_environ(environ=os.environ):
+    """Return the tokens listed in PLANTSTORE_TOKENS, an empty list when it is unset or blank."""
+    return [token.strip() for token in environ.get(TOKENS_VARIABLE, "").split(",") if token.strip()]
+
+
+def __getattr__(name):
+    """Build `app` for `gunicorn plantstore:app` on first use (PEP 562), not at import."""
+    global app
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    tokens = tokens_from_environ()
+    if not tokens:
+        # gunicorn prints its own AppImportError as one line and stops instead of booting.
+        error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
+        raise error(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
+                    "comma-separated; plantstore never runs without authentication")
+    app = make_app(tokens)
+    return app
+
+
+# ---- The embedded server: wsgiref, threaded, with timeouts ----
+
+class _RequestHandler(WSGIRequestHandler):
+    """wsgiref's request handler, with a socket timeout and a log that keeps secrets out."""
+
+    def setup(self):
+        self.timeout = self.server.client_timeout  # a silent client cannot hold its thread
+        super().setup()
+
+    def log_request(self, code="-", size="-"):
+        # The query string is left out of the log: it is where careless clients put secrets.
+        self.log_message('"%s %s" %s %s', self.command, self.path.partition("?")[0], code, size)
+
+    def log_error(self, format, *args):
+        # http.server would quote the raw request line here, secrets and all; keep the status.
+        self.log_message("error %s", args[0] if args else "")
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    """wsgiref's server with a thread per connection and a listen backlog for bursts."""
+
+    daemon_threads = True  # Ctrl-C does not wait for open connections
+    request_queue_size = 128  # listen backlog: 64 simultaneous connects are queued, not refused
+    linger_seconds = 2
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], OSError):  # a client that timed out or hung up is quiet
+            super().handle_error(request, client_address)
+
+    def shutdown_request(self, request):
+        # Send our FIN, then drain what the client still sends (an unread body, say): closing with
+        # unread bytes resets the connection, and the client would lose the answer it was sent.
+        try:
+            request.shutdown(socket.SHUT_WR)
+            request.settimeout(self.linger_seconds)
+            deadline = time.monotonic() + self.linger_seconds
+            while request.recv(65536) and time.monotonic() < deadline:
+                pass
+        except OSError:
+            pass
+        self.close_request(request)
+
+
+def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
+    """Return the embedded server for application, bound to (host, port); port 0 picks a free one."""
+    server = _Server((host, port), _RequestHandler)
+    server.client_timeout = client_timeout
+    server.set_app(application)
+    return server
+
+
+# ---- The command line ----
+
+def main(argv=None):
+    """Run the embedded server: python plantstore.py [--host H] [--port P]."""
+    parser = argparse.ArgumentParser(prog="plantstore", description="Serve the Plant Store API.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on, 0 for any (default: %(default)s)")
+    args = parser.parse_args(argv)
+    tokens = tokens_from_environ()
+    if not tokens:
+        tokens = [secrets.token_urlsafe(32)]
+        print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
+              file=sys.stderr)
+    try:
+        application = make_app(tokens)
+    except ValueError as error:
+        parser.error(f"{TOKENS_VARIABLE}: {error}")
+    try:
+        server = make_server(args.host, args.port, application)
+    except (OSError, OverflowError, ValueError) as error:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {error}")
+    with server:
+        host, port = server.server_address[:2]
+        print(f"plantstore {__version__} listening on http://{host}:{port}/plants (Ctrl-C to stop)",
+              file=sys.stderr, flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,862 @@
+"""Tests for plantstore: the contract's table of checks, hostile input, threads and real sockets."""
+
+import http.client
+import io
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+from wsgiref.validate import validator
+
+import pytest
+import webtest
+
+import plantstore
+from plantstore import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, make_app, make_server
+
+TOKEN = "test-token-1"
+OTHER_TOKEN = "test-token-2"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+HERE = Path(__file__).resolve().parent
+WAIT = 30  # seconds any test waits for a server or a subprocess before failing
+
+
+@pytest.fixture
+def store():
+    return PlantStore()
+
+
+@pytest.fixture
+def app(store):
+    """A fresh application in WebTest, lint on: anything written to wsgi.errors fails the test."""
+    return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
+
+
+def post(app, body, status, *, headers=AUTH, content_type="application/json", **kwargs):
+    """POST body to /plants: bytes as they are, anything else as JSON."""
+    if not isinstance(body, bytes):
+        body = json.dumps(body)
+    return app.post("/plants", body, headers=headers, content_type=content_type,
+                    status=status, expect_errors=status >= 400, **kwargs)
+
+
+def assert_error(response, status, message_part=""):
+    """Assert a JSON Error body (spec's Error shape, `error` the status) with a sound Content-Length."""
+    assert response.status_int == status
+    assert response.content_type == "application/json"
+    assert int(response.headers["Content-Length"]) == len(response.body)
+    assert set(response.json) == {"error", "message"}
+    assert response.json["error"] == status
+    assert isinstance(response.json["message"], str) and response.json["message"]
+    assert message_part in response.json["message"]
+    assert "Traceback" not in response.json["message"]
+
+
+def call(application, *, method="POST", path="/plants", body=b"", environ=None, validate=True):
+    """Call a WSGI application directly, under wsgiref's validator; return (status, headers, body)."""
+    env = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": "",
+           "wsgi.input": io.BytesIO(body),
+           "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
+           "HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    env.update(environ or {})
+    env = {key: value for key, value in env.items() if value is not None}  # None: leave the key out
+    setup_testing_defaults(env)
+    started = []
+    chunks = (validator(application) if validate else application)(env, lambda status, headers, exc_info=None: started.append((status, headers)))
+    try:
+        data = b"".join(chunks)
+    finally:
+        getattr(chunks, "close", lambda: None)()
+    status, headers = started[0]
+    return int(status.split()[0]), dict(headers), json.loads(data)
+
+
+# ---- Creating a plant ----
+
+def test_create_returns_the_plant_without_id(app, store):
+    response = post(app, {"id": 1, "name": "Fern", "tag": "indoor"}, 200)
+    assert response.json == {"name": "Fern", "tag": "indoor"}
+    assert response.content_type == "application/json"
+    assert int(response.headers["Content-Length"]) == len(response.body)
+    assert store.get(1) == ("Fern", "indoor")
+
+
+def test_create_without_tag_answers_without_tag(app, store):
+    assert post(app, {"id": 2, "name": "Cactus"}, 200).json == {"name": "Cactus"}
+    assert store.get(2) == ("Cactus", None)
+
+
+def test_unknown_fields_are_ignored_and_not_stored(app, store):
+    response = post(app, {"id": 3, "name": "Ivy", "colour": "green", "owner": {"x": [1]}}, 200)
+    assert response.json == {"name": "Ivy"}
+    assert store.get(3) == ("Ivy", None)
+
+
+def test_duplicate_id_is_409_and_keeps_the_first_plant(app, store):
+    post(app, {"id": 5, "name": "Rose", "tag": "red"}, 200)
+    assert_error(post(app, {"id": 5, "name": "Impostor"}, 409), 409, "already exists")
+    assert store.get(5) == ("Rose", "red")
+    assert len(store) == 1
+
+
+@pytest.mark.parametrize("name", ["", " ", "Ficus 🌿", "名前", "a" * 10_000, "\u0000"],
+                         ids=["empty", "space", "emoji", "cjk", "long", "nul-char"])
+def test_any_string_is_a_name_and_round_trips(app, store, name):
+    response = post(app, {"id": 9, "name": name, "tag": name}, 200)
+    assert response.body.isascii()  # ensure_ascii: escapes, never raw bytes
+    assert response.json == {"name": name, "tag": name}
+    assert store.get(9) == (name, name)
+
+
+def test_lone_surrogate_in_name_is_stored_and_escaped(app, store):
+    response = post(app, b'{"id": 10, "name": "\\ud800", "tag": "\\udfff"}', 200)
+    assert response.body == b'{"name": "\\ud800", "tag": "\\udfff"}'
+    assert store.get(10) == ("\ud800", "\udfff")
+
+
+# ---- Routes and methods come before authentication ----
+
+@pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1", "/PLANTS", "/plants.json", "//plants"])
+def test_unknown_path_is_404_before_auth(app, path):
+    response = app.post(path, "{}", content_type="application/json", status=404, expect_errors=True)
+    assert_error(response, 404)
+    assert "WWW-Authenticate" not in response.headers
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "OPTIONS"])
+def test_other_methods_are_405_with_allow_before_auth(app, method):
+    response = app.request("/plants", method=method, status=405, expect_errors=True)
+    assert_error(response, 405)
+    assert response.headers["Allow"] == "POST"
+    assert "WWW-Authenticate" not in response.headers
+
+
+def test_mounted_under_a_prefix_answers_as_at_the_root(store):
+    """Routing uses PATH_INFO alone, so SCRIPT_NAME can be anything."""
+    mounted = webtest.TestApp(make_app([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"})
+    assert post(mounted, {"id": 1, "name": "Moss"}, 200).json == {"name": "Moss"}
+    assert_error(mounted.post("/other", status=404, expect_errors=True), 404)
+    assert store.get(1) == ("Moss", None)
+
+
+def test_mounted_behind_a_dispatcher(store):
+    """A parent app shifts /api off the path, as a real WSGI stack would."""
+    from wsgiref.util import shift_path_info
+
+    plants = make_app([TOKEN], store=store)
+
+    def parent(environ, start_response):
+        if shift_path_info(environ) == "api":
+            return plants(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")])
+        return [b""]
+
+    status, _, body = call(parent, path="/api/plants", body=b'{"id": 4, "name": "Sage"}')
+    assert (status, body) == (200, {"name": "Sage"})
+    assert store.get(4) == ("Sage", None)
+
+
+# ---- Authentication ----
+
+BAD_AUTH = [
+    pytest.param({}, None, id="no-header"),
+    pytest.param({"Authorization": "Basic dXNlcjpwYXNz"}, None, id="basic"),
+    pytest.param({"Authorization": TOKEN}, None, id="bare-token"),
+    pytest.param({"Authorization": "Bearer"}, None, id="bearer-nothing"),
+    pytest.param({"Authorization": "Bearer    "}, None, id="bearer-spaces"),
+    pytest.param({"Authorization": ""}, None, id="empty-header"),
+    pytest.param({"Authorization": "Bearer nope"}, "invalid_token", id="wrong-token"),
+    pytest.param({"Authorization": f"Bearer {TOKEN}x"}, "invalid_token", id="token-prefix-of-sent"),
+    pytest.param({"Authorization": f"Bearer {TOKEN[:-1]}"}, "invalid_token", id="token-truncated"),
+    pytest.param({"Authorization": f"Bearer {TOKEN.upper()}"}, "invalid_token", id="token-case-changed"),
+    pytest.param({"Authorization": f"Bearer {TOKEN} {TOKEN}"}, "invalid_token", id="token-twice"),
+    pytest.param({"Authorization": "Bearer t\u00e9st"}, "invalid_token", id="latin-1-token"),
+]
+
+
+@pytest.mark.parametrize("headers, error", BAD_AUTH)
+def test_bad_credentials_are_401_with_challenge(app, store, headers, error):
+    response = post(app, {"id": 1, "name": "Fern"}, 401, headers=headers)
+    assert_error(response, 401)
+    challenge = response.headers["WWW-Authenticate"]
+    assert challenge.startswith('Bearer realm="plantstore"')
+    assert ('error="invalid_token"' in challenge) == (error == "invalid_token")
+    assert TOKEN not in response.text and TOKEN not in challenge
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("value", [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}",
+                                   f"Bearer   {TOKEN}", f"Bearer {OTHER_TOKEN}"],
+                         ids=["canonical", "lower-case-scheme", "upper-case-scheme", "extra-spaces", "second-token"])
+def test_accepted_credentials(app, value):
+    post(app, {"id": 1, "name": "Fern"}, 200, headers={"Authorization": value})
+
+
+def test_auth_comes_before_media_type_and_body(app):
+    response = post(app, b"not json", 401, headers={}, content_type="text/plain")
+    assert_error(response, 401)
+
+
+class ExplodingInput(io.BytesIO):
+    """A wsgi.input that fails the test if the application reads it."""
+
+    def read(self, *args):
+        raise AssertionError("the application read the body")
+
+    readline = read
+
+
+def test_401_never_reads_the_body():
+    status, headers, body = call(make_app([TOKEN]), environ={
+        "HTTP_AUTHORIZATION": "Bearer wrong", "wsgi.input": ExplodingInput(), "CONTENT_LENGTH": "10"})
+    assert status == 401 and body["error"] == 401
+
+
+# ---- Media type ----
+
+@pytest.mark.parametrize("content_type", ["text/plain", "", "text/plain;application/json",
+                                          "application/jsonp", "application/json-patch+json",
+                                          "application/x-www-form-urlencoded", "multipart/form-data",
+                                          "application/ json", "json"])
+def test_other_media_types_are_415_with_accept(app, store, content_type):
+    response = post(app, {"id": 1, "name": "Fern"}, 415, content_type=content_type)
+    assert_error(response, 415, "application/json")
+    assert response.headers["Accept"] == "application/json"
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON",
+                                          "application/json;charset=UTF-8", "application/json ; x=y"])
+def test_json_media_type_with_parameters_or_any_case_is_accepted(app, content_type):
+    post(app, {"id": 1, "name": "Fern"}, 200, content_type=content_type)
+
+
+def test_missing_content_type_is_415():
+    status, headers, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={"CONTENT_TYPE": ""})
+    assert status == 415 and headers["Accept"] == "application/json" and body["error"] == 415
+
+
+# ---- Content-Length and size (raw WSGI: WebTest would fix these headers) ----
+
+@pytest.mark.parametrize("value", ["abc", "-1", "+5", " 5", "5 ", "1e3", "0x10", "\u0663", "1_0", "5.0"],
+                         ids=["letters", "negative", "plus", "leading-space", "trailing-space", "exponent",
+                              "hex", "arabic-digit", "underscore", "decimal"])
+def test_malformed_content_length_is_400(value):
+    # wsgiref's validator refuses such an environ itself, but wsgiref's server passes the header through.
+    status, _, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={"CONTENT_LENGTH": value},
+                           validate=False)
+    assert status == 400 and body == {"error": 400, "message": "Content-Length must be a non-negative integer"}
+
+
+@pytest.mark.parametrize("value", ["", None], ids=["empty-string", "absent"])
+def test_no_content_length_means_an_empty_body(value):
+    """PEP 3333: CONTENT_LENGTH may be empty or absent, and then the app must not read wsgi.input."""
+    status, _, body = call(make_app([TOKEN]), environ={"CONTENT_LENGTH": value, "wsgi.input": ExplodingInput()})
+    assert status == 400 and body == {"error": 400, "message": "request body is empty: send a NewPlant JSON object"}
+
+
+def _body_of_size(size, plant_id=1):
+    """A valid NewPlant of exactly `size` bytes, padded with JSON whitespace."""
+    document = json.dumps({"id": plant_id, "name": "Fern"}).encode()
+    return document + b" " * (size - len(document))
+
+
+def test_body_at_the_limit_is_accepted(app, store):
+    post(app, _body_of_size(MAX_BODY_BYTES), 200)
+    assert store.get(1) == ("Fern", None)
+
+
+def test_body_one_byte_over_the_limit_is_413(app, store):
+    assert_error(post(app, _body_of_size(MAX_BODY_BYTES + 1), 413), 413, str(MAX_BODY_BYTES))
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("limit", [30, 1000, 1_000_000])
+def test_configured_limit(limit):
+    application = make_app([TOKEN], max_body_bytes=limit)
+    assert call(application, body=_body_of_size(limit))[0] == 200
+    assert call(application, body=_body_of_size(limit + 1, plant_id=2))[0] == 413
+
+
+def test_a_zero_limit_refuses_every_body():
+    assert call(make_app([TOKEN], max_body_bytes=0), body=b"{}")[0] == 413
+
+
+@pytest.mark.parametrize("value", [str(MAX_BODY_BYTES + 1), "9" * 30, "9" * 5000], ids=["limit+1", "30-digits", "5000-digits"])
+def test_oversized_content_length_is_413_without_reading(value):
+    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": ExplodingInput(), "CONTENT_LENGTH": value},
+                           validate=len(value) < 4300)  # the validator's own int() refuses 5,000 digits
+    assert status == 413 and body["error"] == 413
+
+
+def test_leading_zeros_in_content_length_are_digits():
+    document = b'{"id": 1, "name": "x"}'
+    status, _, body = call(make_app([TOKEN]), body=document, environ={"CONTENT_LENGTH": "0" * 40 + str(len(document))})
+    assert (status, body) == (200, {"name": "x"})
+
+
+def test_body_is_never_read_past_content_length():
+    document = b'{"id": 1, "name": "x"}'
+    stream = io.BytesIO(document + b"GARBAGE THAT BELONGS TO THE NEXT REQUEST")
+    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": stream, "CONTENT_LENGTH": str(len(document))})
+    assert (status, body) == (200, {"name": "x"})
+    assert stream.read() == b"GARBAGE THAT BELONGS TO THE NEXT REQUEST"
+
+
+def test_body_shorter_than_content_length_is_400():
+    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": io.BytesIO(b'{"id": 1}'), "CONTENT_LENGTH": "50"})
+    assert status == 400 and "shorter" in body["message"]
+
+
+class TimingOutInput(io.BytesIO):
+    def read(self, *args):
+        raise TimeoutError("timed out")
+
+
+def test_a_body_that_times_out_is_408_not_500():
+    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": TimingOutInput(), "CONTENT_LENGTH": "50"})
+    assert status == 408 and body["error"] == 408
+
+
+@pytest.mark.parametrize("size, status", [(MAX_BODY_BYTES, 200), (MAX_BODY_BYTES + 1, 413), (10 * MAX_BODY_BYTES, 413)])
+def test_chunked_body_is_read_up_to_one_byte_past_the_limit(size, status):
+    """Without CONTENT_LENGTH, a server that sets wsgi.input_terminated (gunicorn) lets the app read to EOF."""
+    stream = io.BytesIO(_body_of_size(size))
+    got, _, body = call(make_app([TOKEN]),
+                        environ={"wsgi.input": stream, "wsgi.input_terminated": True, "CONTENT_LENGTH": None})
+    assert got == status and stream.tell() <= MAX_BODY_BYTES + 1
+
+
+# ---- JSON: strict RFC 8259, and no input makes the parser raise past the handler ----
+
+BAD_JSON = [
+    pytest.param(b"", id="empty"),
+    pytest.param(b"   \n", id="whitespace-only"),
+    pytest.param(b'{"id": 1, "name": "Fern"', id="truncated"),
+    pytest.param(b'{"id": 1, "name": "Fe', id="truncated-in-string"),
+    pytest.param(b'{"id": 1, "name": "Fern"} x', id="trailing-garbage"),
+    pytest.param(b'{"id": 1, "name": "Fern"}{}', id="two-documents"),
+    pytest.param(b'{"id": 1, "name": "Fern",}', id="trailing-comma"),
+    pytest.param(b"{'id': 1, 'name': 'Fern'}", id="single-quotes"),
+    pytest.param(b'{id: 1, name: "Fern"}', id="bare-keys"),
+    pytest.param(b'{"id": 1, /* c */ "name": "Fern"}', id="comment"),
+    pytest.param(b'{"id": 01, "name": "Fern"}', id="leading-zero"),
+    pytest.param(b'{"id": +1, "name": "Fern"}', id="plus-sign"),
+    pytest.param(b'{"id": .5, "name": "Fern"}', id="bare-fraction"),
+    pytest.param(b'{"id": 0x1F, "name": "Fern"}', id="hex"),
+    pytest.param(b'{"id": 1, "name": "Fe\x01rn"}', id="control-char-in-string"),
+    pytest.param(b'{"id": 1, "name": "\\x41"}', id="bad-escape"),
+    pytest.param(b'{"id": 1, "name": "\\u12"}', id="short-unicode-escape"),
+    pytest.param(b'{"id": 1, "name": "\xff"}', id="invalid-utf8"),
+    pytest.param(b'{"id": 1, "name": "\xed\xa0\x80"}', id="utf8-encoded-surrogate"),
+    pytest.param(b'{"id": 1, "name": "\xc0\xaf"}', id="overlong-utf8"),
+    pytest.param("{\"id\": 1, \"name\": \"Fern\"}".encode("utf-16"), id="utf-16"),
+    pytest.param(b'\xef\xbb\xbf{"id": 1, "name": "Fern"}', id="utf8-bom"),
+    pytest.param(b'{"id": NaN, "name": "Fern"}', id="nan-id"),
+    pytest.param(b'{"id": Infinity, "name": "Fern"}', id="infinity-id"),
+    pytest.param(b'{"id": -Infinity, "name": "Fern"}', id="minus-infinity-id"),
+    pytest.param(b'{"id": 1, "name": "Fern", "x": NaN}', id="nan-elsewhere"),
+    pytest.param(b'{"id": 1, "name": "Fern", "id": 2}', id="duplicate-key"),
+    pytest.param(b'{"id": 1, "name": "Fern", "x": {"a": 1, "a": 1}}', id="duplicate-nested-key"),
+    pytest.param(b"[" * 20_000 + b"]" * 20_000, id="20000-nested-arrays"),
+    pytest.param(b'{"a":' * 20_000 + b"1" + b"}" * 20_000, id="20000-nested-objects"),
+    pytest.param(b"[" * 20_000, id="20000-unclosed-arrays"),
+    pytest.param(b'{"id": ' + b"1" * 5000 + b', "name": "Fern"}', id="5000-digit-id"),
+    pytest.param(b'{"id": 1, "name": "Fern", "x": ' + b"9" * 5000 + b"}", id="5000-digit-elsewhere"),
+    pytest.param(b'{"id": 1E+9999999999999999999999, "name": "Fern"}', id="exponent-beyond-decimal"),
+    pytest.param(b'{"id": 1, "name": "Fern", "x": 1e-9999999999999999999999}', id="tiny-exponent-elsewhere"),
+]
+
+
+@pytest.mark.parametrize("body", BAD_JSON)
+def test_malformed_json_is_400(store, body):
+    roomy = webtest.TestApp(make_app([TOKEN], store=store, max_body_bytes=len(body) + 1))  # deep nesting is long
+    assert_error(post(roomy, body, 400), 400)
+    assert len(store) == 0
+
+
+def test_json_error_message_does_not_echo_input(app):
+    response = post(app, b'{"id": 1, "name": "SECRET-VALUE" oops}', 400)
+    assert "SECRET-VALUE" not in response.text and "not valid JSON" in response.json["message"]
+
+
+# ---- Shape: NewPlant ----
+
+BAD_SHAPES = [
+    pytest.param(False, "JSON object", id="false"),
+    pytest.param(True, "JSON object", id="true"),
+    pytest.param(0, "JSON object", id="zero"),
+    pytest.param(0.0, "JSON object", id="zero-float"),
+    pytest.param("", "JSON object", id="empty-string"),
+    pytest.param([], "JSON object", id="empty-array"),
+    pytest.param(None, "JSON object", id="null"),
+    pytest.param([{"id": 1, "name": "Fern"}], "JSON object", id="array-of-plant"),
+    pytest.param(json.dumps({"id": 1, "name": "Fern"}), "JSON object", id="string-of-json"),
+    pytest.param({}, "'id' is required", id="empty-object"),
+    pytest.param({"name": "Fern"}, "'id' is required", id="missing-id"),
+    pytest.param({"id": 1}, "'name' is required", id="missing-name"),
+    pytest.param({"ID": 1, "Name": "Fern"}, "'id' is required", id="wrong-case-keys"),
+    pytest.param({"id": None, "name": "Fern"}, "'id' must be an integer", id="null-id"),
+    pytest.param({"id": 1, "name": None}, "'name' must be a string", id="null-name"),
+    pytest.param({"id": 1, "name": "Fern", "tag": None}, "'tag' must be a string", id="null-tag"),
+    pytest.param({"id": True, "name": "Fern"}, "'id' must be an integer", id="true-id"),
+    pytest.param({"id": False, "name": "Fern"}, "'id' must be an integer", id="false-id"),
+    pytest.param({"id": "7", "name": "Fern"}, "'id' must be an integer", id="string-id"),
+    pytest.param({"id": 7.5, "name": "Fern"}, "'id' must be an integer", id="fractional-id"),
+    pytest.param({"id": [1], "name": "Fern"}, "'id' must be an integer", id="array-id"),
+    pytest.param({"id": {"n": 1}, "name": "Fern"}, "'id' must be an integer", id="object-id"),
+    pytest.param({"id": 1, "name": 5}, "'name' must be a string", id="number-name"),
+    pytest.param({"id": 1, "name": ["Fern"]}, "'name' must be a string", id="array-name"),
+    pytest.param({"id": 1, "name": False}, "'name' must be a string", id="false-name"),
+    pytest.param({"id": 1, "name": "Fern", "tag": 5}, "'tag' must be a string", id="number-tag"),
+    pytest.param({"id": 1, "name": "Fern", "tag": False}, "'tag' must be a string", id="false-tag"),
+    pytest.param({"id": 1, "name": "Fern", "tag": {}}, "'tag' must be a string", id="object-tag"),
+    pytest.param({"id": INT64_MAX + 1, "name": "Fern"}, "int64", id="int64-max-plus-1"),
+    pytest.param({"id": INT64_MIN - 1, "name": "Fern"}, "int64", id="int64-min-minus-1"),
+    pytest.param({"id": 2**64, "name": "Fern"}, "int64", id="2-to-the-64"),
+]
+
+
+@pytest.mark.parametrize("document, message", BAD_SHAPES)
+def test_invalid_newplant_is_400_naming_the_rule(app, store, document, message):
+    assert_error(post(app, document, 400), 400, message)
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("literal", [b"1e400", b"9223372036854775808.0", b"-9223372036854775809.0",
+                                     b"7.000000000000000000001", b"9223372036854775807.5", b"1e-400"])
+def test_numbers_that_are_no_int64_id_are_400(app, store, literal):
+    assert_error(post(app, b'{"id": ' + literal + b', "name": "Fern"}', 400), 400, "'id' must be")
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("literal, plant_id", [
+    (b"9223372036854775807", INT64_MAX), (b"-9223372036854775808", INT64_MIN), (b"0", 0), (b"-0", 0),
+    (b"7.0", 7), (b"7E0", 7), (b"7e+0", 7), (b"70e-1", 7), (b"1e2", 100), (b"-0.0", 0),
+    (b"9223372036854775807.0", INT64_MAX), (b"-9223372036854775808.000", INT64_MIN),
+    (b"92233720368547758.07e2", INT64_MAX),
+])
+def test_integral_numbers_are_ids_exactly(app, store, literal, plant_id):
+    """JSON Schema 2020-12: a number with a zero fraction is an integer; no float rounding near 2**63."""
+    post(app, b'{"id": ' + literal + b', "name": "Fern"}', 200)
+    assert store.get(plant_id) == ("Fern", None)
+    assert len(store) == 1
+    # The id really is that integer: the plain spelling now collides with it.
+    post(app, {"id": plant_id, "name": "Again"}, 409)
+
+
+def test_ids_one_apart_near_int64_max_are_distinct(app, store):
+    post(app, b'{"id": 9223372036854775807.0, "name": "a"}', 200)
+    post(app, b'{"id": 9223372036854775806.0, "name": "b"}', 200)
+    assert store.get(INT64_MAX) == ("a", None) and store.get(INT64_MAX - 1) == ("b", None)
+
+
+def test_field_errors_come_in_order_id_name_tag(app):
+    assert_error(post(app, {"tag": 1}, 400), 400, "'id' is required")
+    assert_error(post(app, {"id": "x", "name": 1, "tag": 1}, 400), 400, "'id' must be an integer")
+    assert_error(post(app, {"id": 1, "name": 1, "tag": 1}, 400), 400, "'name' must be a string")
+
+
+# ---- Check order: the first failing step answers ----
+
+@pytest.mark.parametrize("request_kwargs, status", [
+    (dict(path="/nope", method="DELETE", headers={}, content_type="text/plain", body=b"x" * 100_000), 404),
+    (dict(path="/plants", method="PUT", headers={}, content_type="text/plain", body=b"x" * 100_000), 405),
+    (dict(path="/plants", method="POST", headers={}, content_type="text/plain", body=b"x" * 100_000), 401),
+    (dict(path="/plants", method="POST", headers=AUTH, content_type="text/plain", body=b"x" * 100_000), 415),
+    (dict(path="/plants", method="POST", headers=AUTH, content_type="application/json", body=b"x" * 100_000), 413),
+    (dict(path="/plants", method="POST", headers=AUTH, content_type="application/json", body=b"[1]"), 400),
+], ids=["route", "method", "auth", "media-type", "size", "shape"])
+def test_checks_run_in_the_contract_order(app, request_kwargs, status):
+    kwargs = dict(request_kwargs)
+    response = app.request(kwargs.pop("path"), status=status, expect_errors=True, **kwargs)
+    assert_error(response, status)
+
+
+# ---- Failures of the server's own making ----
+
+class BrokenStore:
+    def add(self, plant_id, name, tag):
+        raise RuntimeError("the disk is on fire")
+
+
+def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
+    errors = io.StringIO()
+    status, headers, body = call(make_app([TOKEN], store=BrokenStore()), body=b'{"id": 1, "name": "x"}',
+                                 environ={"wsgi.errors": errors})
+    assert status == 500 and body == {"error": 500, "message": "internal server error"}
+    assert headers["Content-Type"] == "application/json"
+    assert "Traceback" in errors.getvalue() and "the disk is on fire" in errors.getvalue()
+    assert TOKEN not in errors.getvalue()
+
+
+def test_a_custom_store_is_used(app):
+    class RecordingStore:
+        def __init__(self):
+            self.calls = []
+
+        def add(self, plant_id, name, tag):
+            self.calls.append((plant_id, name, tag))
+            return plant_id != 2
+
+    recording = RecordingStore()
+    custom = webtest.TestApp(make_app([TOKEN], store=recording))
+    post(custom, {"id": 1, "name": "a", "tag": "t"}, 200)
+    post(custom, {"id": 2, "name": "b"}, 409)
+    assert recording.calls == [(1, "a", "t"), (2, "b", None)]
+
+
+@pytest.mark.parametrize("tokens, error", [
+    ([], ValueError), ((), ValueError), ("a-token", TypeError), ([""], ValueError), (["a b"], ValueError),
+    (["tab\there"], ValueError), (["caf\u00e9"], ValueError), ([None], ValueError), ([TOKEN, ""], ValueError),
+], ids=["empty-list", "empty-tuple", "one-string", "empty-token", "space", "tab", "non-ascii", "none", "one-empty"])
+def test_make_app_refuses_bad_tokens(tokens, error):
+    with pytest.raises(error) as raised:
+        make_app(tokens)
+    for token in tokens if isinstance(tokens, (list, tuple)) else ():
+        assert not token or str(token) not in str(raised.value)
+
+
+@pytest.mark.parametrize("limit", [-1, 1.5, "100"])
+def test_make_app_refuses_a_bad_limit(limit):
+    with pytest.raises(ValueError):
+        make_app([TOKEN], max_body_bytes=limit)
+
+
+# ---- Threads against one application ----
+
+def test_concurrent_unique_creates_are_all_stored(store):
+    application = make_app([TOKEN], store=store)
+    threads, per_thread = 8, 50
+    results = queue.Queue()
+    barrier = threading.Barrier(threads)
+
+    def worker(n):
+        barrier.wait()
+        for i in range(per_thread):
+            plant_id = n * per_thread + i
+            results.put(call(application, body=json.dumps({"id": plant_id, "name": f"p{plant_id}"}).encode())[0])
+
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(WAIT)
+    statuses = [results.get_nowait() for _ in range(results.qsize())]
+    assert statuses == [200] * threads * per_thread
+    assert len(store) == threads * per_thread
+    assert all(store.get(i) == (f"p{i}", None) for i in range(threads * per_thread))
+
+
+def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
+    application = make_app([TOKEN], store=store)
+    racers = 32
+    barrier = threading.Barrier(racers)
+    outcomes = queue.Queue()
+
+    def racer(n):
+        barrier.wait()
+        status, _, body = call(application, body=json.dumps({"id": 42, "name": f"racer-{n}"}).encode())
+        outcomes.put((status, body, n))
+
+    pool = [threading.Thread(target=racer, args=(n,)) for n in range(racers)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(WAIT)
+    results = [outcomes.get_nowait() for _ in range(outcomes.qsize())]
+    winners = [n for status, _, n in results if status == 200]
+    assert len(results) == racers and len(winners) == 1
+    assert sorted(status for status, _, _ in results) == [200] + [409] * (racers - 1)
+    assert store.get(42) == (f"racer-{winners[0]}", None)
+
+
+# ---- The embedded server, over real sockets ----
+
+@pytest.fixture
+def served(store):
+    """Start the embedded server on a free loopback port; yield it; always stop it."""
+    servers = []
+
+    def start(**kwargs):
+        server = make_server("127.0.0.1", 0, make_app([TOKEN], store=store), **kwargs)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return server
+
+    yield start
+    for server, thread in servers:
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)
+
+
+def http_post(server, document, headers=None, path="/plants"):
+    connection = http.client.HTTPConnection(*server.server_address[:2], timeout=WAIT)
+    try:
+        body = json.dumps(document).encode()
+        connection.request("POST", path, body, {"Content-Type": "application/json", **AUTH, **(headers or {})})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def raw_request(document, *, content_length=None, token=TOKEN):
+    body = json.dumps(document).encode() if not isinstance(document, bytes) else document
+    length = len(body) if content_length is None else content_length
+    head = (f"POST /plants HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
+    return head.encode() + body
+
+
+def read_status(sock):
+    """Read a whole HTTP response from sock (the server closes it) and return (status, body)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_embedded_server_creates_a_plant(served, store):
+    server = served()
+    status, headers, body = http_post(server, {"id": 1, "name": "Fern", "tag": "indoor"})
+    assert (status, body) == (200, {"name": "Fern", "tag": "indoor"})
+    assert headers["Content-Type"] == "application/json"
+    assert "Connection" not in headers or headers["Connection"].lower() == "close"
+    assert store.get(1) == ("Fern", "indoor")
+
+
+def test_a_stalled_client_does_not_delay_another(served, store):
+    server = served(client_timeout=WAIT * 2)
+    with socket.create_connection(server.server_address, timeout=WAIT) as stalled:
+        # Promise 100 bytes of body and send 10: the server waits on this one...
+        stalled.sendall(raw_request(b'{"id": 1, ', content_length=100))
+        # ...while another client is answered in full (its own timeout is well below the server's).
+        assert http_post(server, {"id": 2, "name": "Quick"})[0] == 200
+    assert store.get(2) == ("Quick", None) and store.get(1) is None
+
+
+def test_a_stalled_client_is_answered_408_after_the_timeout(served, store):
+    server = served(client_timeout=0.3)
+    with socket.create_connection(server.server_address, timeout=WAIT) as stalled:
+        stalled.sendall(raw_request(b'{"id": 1, ', content_length=100))
+        status, body = read_status(stalled)
+    assert status == 408 and body["error"] == 408
+    assert len(store) == 0
+
+
+def test_a_silent_connection_is_closed_after_the_timeout(served):
+    server = served(client_timeout=0.3)
+    with socket.create_connection(server.server_address, timeout=WAIT) as silent:
+        assert silent.recv(100) == b""  # closed by the server, not by our timeout
+
+
+def test_64_simultaneous_connections_are_all_answered(served, store):
+    server = served()
+    sockets = [socket.create_connection(server.server_address, timeout=WAIT) for _ in range(64)]
+    try:
+        for n, sock in enumerate(sockets):
+            sock.sendall(raw_request({"id": n, "name": f"p{n}"}))
+        statuses = [read_status(sock)[0] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert statuses == [200] * 64
+    assert len(store) == 64
+
+
+def test_an_oversized_body_gets_its_413_not_a_reset(served):
+    server = served()
+    body = _body_of_size(4 * MAX_BODY_BYTES)
+    with socket.create_connection(server.server_address, timeout=WAIT) as sock:
+        sock.sendall(raw_request(body))
+        status, answer = read_status(sock)
+    assert status == 413 and answer["error"] == 413
+
+
+def test_log_lines_carry_no_query_string_and_no_token(served, capsys):
+    server = served()
+    http_post(server, {"id": 1, "name": "Fern"}, path="/plants?access_token=SECRET-IN-QUERY")
+    http_post(server, {"id": 2, "name": "Fern"}, headers={"Authorization": "Bearer WRONG-SECRET"})
+    with socket.create_connection(server.server_address, timeout=WAIT) as sock:
+        sock.sendall(b"GARBAGE /SECRET-IN-BAD-LINE?x HTTP/9\r\n\r\n")
+        sock.recv(65536)
+    server.shutdown()
+    logged = capsys.readouterr().err
+    assert '"POST /plants" 200' in logged and '"POST /plants" 401' in logged
+    for secret in ("SECRET-IN-QUERY", "WRONG-SECRET", "SECRET-IN-BAD-LINE", TOKEN):
+        assert secret not in logged
+
+
+# ---- The command line and the module's configuration ----
+
+class Lines:
+    """Read a subprocess stream line by line in a thread, with a deadline on each line."""
+
+    def __init__(self, stream):
+        self.queue = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream):
+        for line in stream:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def until(self, pattern):
+        """Return the first match of pattern in the lines to come; fail at EOF or after WAIT seconds."""
+        while True:
+            line = self.queue.get(timeout=WAIT)
+            assert line is not None, f"stream ended before {pattern!r}; saw {self.seen}"
+            self.seen.append(line)
+            if match := re.search(pattern, line):
+                return match
+
+    def rest(self):
+        while (line := self.queue.get(timeout=WAIT)) is not None:
+            self.seen.append(line)
+        return "".join(self.seen)
+
+
+def environ_without_tokens(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("PLANTSTORE_TOKENS", "WEB_CONCURRENCY")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+@pytest.fixture
+def spawn():
+    """Start subprocesses in this folder; always kill the ones still running."""
+    processes = []
+
+    def start(args, env):
+        process = subprocess.Popen(args, cwd=HERE, env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(WAIT)
+        process.stdout.close()
+        process.stderr.close()
+
+
+def post_over_http(host, port, token, document):
+    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    try:
+        connection.request("POST", "/plants", json.dumps(document),
+                           {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spawn):
+    process = spawn([sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens())
+    err = Lines(process.stderr)
+    token = err.until(r"accepts one new token: (\S+)")[1]
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert host == "127.0.0.1"
+    assert post_over_http(host, port, token, {"id": 1, "name": "Fern", "tag": "indoor"}) == \
+        (200, {"name": "Fern", "tag": "indoor"})
+    assert post_over_http(host, port, "not-the-token", {"id": 2, "name": "x"})[0] == 401
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    rest = err.rest()
+    assert "Traceback" not in rest
+    assert rest.count(token) == 1  # printed once, never logged again
+
+
+def test_python_plantstore_py_uses_plantstore_tokens(spawn):
+    process = spawn([sys.executable, "plantstore.py", "--host", "127.0.0.1", "--port", "0"],
+                    environ_without_tokens(PLANTSTORE_TOKENS=f" {TOKEN} , {OTHER_TOKEN} "))
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert post_over_http(host, port, OTHER_TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    rest = err.rest()
+    assert "new token" not in rest and TOKEN not in rest and OTHER_TOKEN not in rest
+
+
+def test_python_plantstore_py_reports_a_port_in_use_in_one_line(spawn):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        process = spawn([sys.executable, "plantstore.py", "--port", str(taken.getsockname()[1])],
+                        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+        assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
+
+
+def test_import_has_no_side_effects(spawn):
+    code = "import plantstore; print('app' in vars(plantstore))"
+    process = spawn([sys.executable, "-c", code], environ_without_tokens())
+    assert process.wait(WAIT) == 0
+    assert process.stdout.read() == "False\n" and process.stderr.read() == ""
+
+
+def test_app_is_built_from_the_environment(monkeypatch):
+    monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    monkeypatch.setenv("PLANTSTORE_TOKENS", f"{TOKEN},{OTHER_TOKEN}")
+    application = plantstore.app
+    assert vars(plantstore)["app"] is application  # built once, then a plain attribute
+    post(webtest.TestApp(application), {"id": 1, "name": "Fern"}, 200, headers={"Authorization": f"Bearer {OTHER_TOKEN}"})
+
+
+@pytest.mark.parametrize("value", [None, "", " , ,"], ids=["unset", "empty", "only-commas"])
+def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value):
+    monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    if value is None:
+        monkeypatch.delenv("PLANTSTORE_TOKENS", raising=False)
+    else:
+        monkeypatch.setenv("PLANTSTORE_TOKENS", value)
+    with pytest.raises(AttributeError, match="PLANTSTORE_TOKENS is not set"):
+        plantstore.app
+    assert not hasattr(plantstore, "app")
+
+
+def test_unknown_module_attributes_still_raise_attribute_error():
+    with pytest.raises(AttributeError):
+        plantstore.no_such_thing
+
+
+# ---- gunicorn, the production server (a test dependency too) ----
+
+def gunicorn(spawn, env):
+    return spawn([sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-b", "127.0.0.1:0",
+                  "plantstore:app"], env)
+
+
+def test_gunicorn_serves_with_plantstore_tokens(spawn):
+    process = gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    err = Lines(process.stderr)
+    host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
+    err.until(r"Booting worker")
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Again"})[0] == 409
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(WAIT) == 0
+    assert TOKEN not in err.rest()
+
+
+def test_gunicorn_refuses_to_boot_without_tokens(spawn):
+    process = gunicorn(spawn, environ_without_tokens())
+    assert process.wait(WAIT) != 0
+    err = process.stderr.read()
+    assert "PLANTSTORE_TOKENS is not set" in err
+    assert "Traceback" not in err
