@@ -97,8 +97,10 @@ def read_body(environ, limit):
         raise HTTPError(413, f"request body is larger than {limit} bytes")
     try:
         body = environ["wsgi.input"].read(limit + 1 if length is None else length)
-    except OSError:  # the client stalled past the server's timeout, or hung up
+    except TimeoutError:  # the client stalled past the server's timeout
         raise HTTPError(408, "the request body did not arrive in time") from None
+    except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
+        raise HTTPError(400, "the request body could not be read") from None
     if len(body) > limit:  # a body of unknown length, read one byte past the limit
         raise HTTPError(413, f"request body is larger than {limit} bytes")
     if length is not None and len(body) < length:
@@ -286,17 +288,22 @@ def __getattr__(name):
 class _RequestHandler(WSGIRequestHandler):
     """wsgiref's request handler, with a socket timeout and a log that keeps secrets out."""
 
+    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain` is its
+    # fixed text for the status, where `message` would quote the client's request line.
+    error_content_type = JSON_TYPE
+    error_message_format = '{"error": %(code)d, "message": "%(explain)s"}'
+
     def setup(self):
         self.timeout = self.server.client_timeout  # a silent client cannot hold its thread
         super().setup()
 
     def log_request(self, code="-", size="-"):
-        # The query string is left out of the log: it is where careless clients put secrets.
-        self.log_message('"%s %s" %s %s', self.command, self.path.partition("?")[0], code, size)
+        # Method and path only: the query string is where careless clients put secrets.
+        path = getattr(self, "path", "").partition("?")[0]  # no path when the request line was garbage
+        self.log_message('"%s %s" %s %s', self.command or "-", path, code, size)
 
     def log_error(self, format, *args):
-        # http.server would quote the raw request line here, secrets and all; keep the status.
-        self.log_message("error %s", args[0] if args else "")
+        pass  # http.server would quote the raw request line, secrets and all; log_request has the status
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
