@@ -252,7 +252,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
             status, headers = error.status, error.headers
             document = {"error": error.status, "message": error.message}
         except Exception:
-            traceback.print_exc(file=environ["wsgi.errors"])
+            traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, headers = 500, []
             document = {"error": 500, "message": "internal server error"}
         body = encode(document).encode("ascii")

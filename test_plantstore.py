@@ -546,25 +546,36 @@ def test_make_app_refuses_a_bad_limit(limit):
 
 # ---- Threads against one application ----
 
-def test_concurrent_unique_creates_are_all_stored(store):
-    application = make_app([TOKEN], store=store)
-    threads, per_thread = 8, 50
-    results = queue.Queue()
-    barrier = threading.Barrier(threads)
+def in_threads(count, work):
+    """Run work(n) for n in range(count) in as many threads, released together; return the results."""
+    barrier = threading.Barrier(count)
+    results = [None] * count
 
-    def worker(n):
+    def run(n):
         barrier.wait()
-        for i in range(per_thread):
-            plant_id = n * per_thread + i
-            results.put(call(application, body=json.dumps({"id": plant_id, "name": f"p{plant_id}"}).encode())[0])
+        results[n] = work(n)
 
-    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    pool = [threading.Thread(target=run, args=(n,)) for n in range(count)]
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join(WAIT)
-    statuses = [results.get_nowait() for _ in range(results.qsize())]
-    assert statuses == [200] * threads * per_thread
+    return results
+
+
+def create(application, plant_id, name):
+    return call(application, body=json.dumps({"id": plant_id, "name": name}).encode())[0]
+
+
+def test_concurrent_unique_creates_are_all_stored(store):
+    application = make_app([TOKEN], store=store)
+    threads, per_thread = 8, 50
+
+    def create_many(n):
+        return [create(application, i, f"p{i}") for i in range(n * per_thread, (n + 1) * per_thread)]
+
+    statuses = in_threads(threads, create_many)
+    assert statuses == [[200] * per_thread] * threads
     assert len(store) == threads * per_thread
     assert all(store.get(i) == (f"p{i}", None) for i in range(threads * per_thread))
 
@@ -572,24 +583,9 @@ def test_concurrent_unique_creates_are_all_stored(store):
 def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
     application = make_app([TOKEN], store=store)
     racers = 32
-    barrier = threading.Barrier(racers)
-    outcomes = queue.Queue()
-
-    def racer(n):
-        barrier.wait()
-        status, _, body = call(application, body=json.dumps({"id": 42, "name": f"racer-{n}"}).encode())
-        outcomes.put((status, body, n))
-
-    pool = [threading.Thread(target=racer, args=(n,)) for n in range(racers)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join(WAIT)
-    results = [outcomes.get_nowait() for _ in range(outcomes.qsize())]
-    winners = [n for status, _, n in results if status == 200]
-    assert len(results) == racers and len(winners) == 1
-    assert sorted(status for status, _, _ in results) == [200] + [409] * (racers - 1)
-    assert store.get(42) == (f"racer-{winners[0]}", None)
+    statuses = in_threads(racers, lambda n: create(application, 42, f"racer-{n}"))
+    assert sorted(statuses) == [200] + [409] * (racers - 1)
+    assert store.get(42) == (f"racer-{statuses.index(200)}", None)
 
 
 # ---- The embedded server, over real sockets ----
