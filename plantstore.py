@@ -32,6 +32,7 @@ import argparse
 import hmac
 import json
 import os
+import re
 import secrets
 import socket
 import socketserver
@@ -73,61 +74,89 @@ class HTTPError(Exception):
 def check_bearer(environ, accepted):
     """Raise 401 unless the Authorization header carries one of the accepted tokens (bytes)."""
     scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
-    token = token.strip()
-    challenge = 'Bearer realm="plantstore"'
-    if scheme.lower() != "bearer" or not token:
+    token = token.strip().encode("latin-1", "replace")  # WSGI headers are latin-1 strings
+    if not token or scheme.lower() != "bearer":
         raise HTTPError(401, "a bearer token is required: send 'Authorization: Bearer <token>'",
-                        headers=[("WWW-Authenticate", challenge)])
-    # WSGI headers are latin-1 strings; compare bytes in constant time, every token.
-    sent = token.encode("latin-1", "replace")
-    if not sum(hmac.compare_digest(sent, good) for good in accepted):  # no early exit
+                        headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')])
+    matched = False
+    for good in accepted:  # each one, in constant time: how long it takes tells nothing
+        matched |= hmac.compare_digest(token, good)
+    if not matched:
         raise HTTPError(401, "the bearer token is not valid",
-                        headers=[("WWW-Authenticate", challenge + ', error="invalid_token"')])
+                        headers=[("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')])
 
 
 def read_body(environ, limit):
     """Return the request body, refusing a wrong media type or an oversized body before reading it."""
-    media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
-    if media_type != JSON_TYPE:
+    media_type = environ.get("CONTENT_TYPE", "")
+    if media_type != JSON_TYPE and media_type.partition(";")[0].strip().lower() != JSON_TYPE:
         raise HTTPError(415, "Content-Type must be application/json", headers=[("Accept", JSON_TYPE)])
     length = content_length(environ)
-    if length is None and not environ.get("wsgi.input_terminated"):
-        return b""  # no length and no end-of-body marker: PEP 3333 says read nothing
-    if length is not None and length > limit:  # decided before a byte of the body is read
+    if length is None:
+        if not environ.get("wsgi.input_terminated"):
+            return b""  # no length and no end-of-body marker: PEP 3333 says read nothing
+        size = limit + 1  # a chunked body: one byte past the limit tells one that is over it
+    elif length > limit:  # decided before a byte of the body is read
         raise HTTPError(413, f"request body is larger than {limit} bytes")
+    else:
+        size = length
     try:
-        body = environ["wsgi.input"].read(limit + 1 if length is None else length)
+        body = environ["wsgi.input"].read(size)
     except TimeoutError:  # the client stalled past the server's timeout
         raise HTTPError(408, "the request body did not arrive in time") from None
     except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
-    if len(body) > limit:  # a body of unknown length, read one byte past the limit
+    if len(body) != size:
+        if length is not None:
+            raise HTTPError(400, "request body is shorter than its Content-Length")
+    elif length is None:
         raise HTTPError(413, f"request body is larger than {limit} bytes")
-    if length is not None and len(body) < length:
-        raise HTTPError(400, "request body is shorter than its Content-Length")
     return body
 
 
 def content_length(environ):
     """Return CONTENT_LENGTH as an int, None when absent or empty; 400 unless it is plain digits."""
-    value = environ.get("CONTENT_LENGTH", "")
+    value = environ.get("CONTENT_LENGTH")
     if not value:
         return None
-    if not (value.isascii() and value.isdigit()):  # int() would also take " 7", "+7", "7_0"
+    if not (value.isdigit() and value.isascii()):  # int() would also take " 7", "+7", "7_0"
         raise HTTPError(400, "Content-Length must be a non-negative integer")
-    digits = value.lstrip("0")
-    # A length of more than 19 digits is over any limit; do not build a huge int from it.
-    return int(digits or "0") if len(digits) <= 19 else INT64_MAX
+    if len(value) > 18:  # never build a huge int: 19 digits, zeros aside, are over any limit
+        value = value.lstrip("0")[:19] or "0"
+    return int(value)
 
 
-def decode_json(body):
-    """Parse the body as strict RFC 8259 JSON in UTF-8; any failure is a 400."""
+def read_new_plant(body):
+    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then the NewPlant shape."""
     if not body:
         raise HTTPError(400, "request body is empty: send a NewPlant JSON object")
     try:
-        return _DECODER.decode(body.decode("utf-8"))
+        text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise HTTPError(400, "request body is not valid UTF-8") from None
+    usual = _USUAL_NEWPLANT.fullmatch(text)
+    if usual:  # the fast path: the same answer as below, in a third of the time
+        plant_id, name, tag = usual.groups()
+        plant_id = int(plant_id)  # at most 19 digits
+        if INT64_MIN <= plant_id <= INT64_MAX:
+            return plant_id, name, tag
+    return parse_new_plant(decode_json(text))
+
+
+# The usual body, {"id": 7, "name": "Fern", "tag": "indoor"} in that order and without escapes,
+# has one meaning, which a regular expression reads; anything else goes to the JSON decoder.
+_USUAL_NEWPLANT = re.compile(r"""
+    \s* \{ \s* "id" \s* : \s* ( -?(?:0|[1-9][0-9]{0,18}) ) \s* ,           # id
+           \s* "name" \s* : \s* "( [^"\\\x00-\x1f]* )" \s*                  # name
+       (?: , \s* "tag" \s* : \s* "( [^"\\\x00-\x1f]* )" \s* )?              # tag
+    \} \s*
+""".replace(r"\s*", r"[ \t\n\r]*+"), re.VERBOSE)  # JSON's whitespace is these four, not all of \s
+
+
+def decode_json(text):
+    """Parse text as strict RFC 8259 JSON; any failure is a 400."""
+    try:
+        return _DECODER.decode(text)
     except json.JSONDecodeError as error:
         raise HTTPError(400, f"request body is not valid JSON: {error.msg} "
                              f"(line {error.lineno}, column {error.colno})") from None
@@ -182,11 +211,14 @@ def parse_new_plant(document):
 
 def as_int64(value):
     """Return the id as an int in int64, JSON Schema's way: 7.0 is the integer 7, true is not an integer."""
-    if not (type(value) is int or (type(value) is Decimal and value == value.to_integral_value())):
-        raise HTTPError(400, "'id' must be an integer")
-    if not INT64_MIN <= value <= INT64_MAX:  # checked before int(): 1e400 never becomes a huge int
+    if type(value) is not int:
+        if not (type(value) is Decimal and value == value.to_integral_value()):
+            raise HTTPError(400, "'id' must be an integer")
+        if INT64_MIN <= value <= INT64_MAX:  # compared first: 1e400 never becomes a huge int
+            value = int(value)
+    if not INT64_MIN <= value <= INT64_MAX:
         raise HTTPError(400, f"'id' must be between {INT64_MIN} and {INT64_MAX} (int64)")
-    return int(value)
+    return value
 
 
 # ---- The store ----
@@ -203,7 +235,7 @@ class PlantStore:
         with self._lock:
             if plant_id in self._plants:
                 return False
-            self._plants[plant_id] = (name, tag)
+            self._plants[plant_id] = (name, tag if tag is None else sys.intern(tag))  # tags repeat: keep one of each
             return True
 
     def get(self, plant_id):
@@ -212,6 +244,25 @@ class PlantStore:
 
     def __len__(self):
         return len(self._plants)
+
+
+# ---- Writing an answer ----
+
+# json's own C routine for one string literal, ASCII-escaped, so that a lone surrogate cannot break
+# the encoding; writing the two shapes around it is 8x faster than json.dumps() of a dict.
+_quote = json.encoder.encode_basestring_ascii
+
+
+def plant_json(name, tag):
+    """The Plant shape: name, and tag only when the plant has one; never the id (spec rule 2)."""
+    if tag is None:
+        return f'{{"name": {_quote(name)}}}'.encode("ascii")
+    return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode("ascii")
+
+
+def error_json(status, message):
+    """The Error shape, with `error` the HTTP status."""
+    return f'{{"error": {status}, "message": {_quote(message)}}}'.encode("ascii")
 
 
 # ---- The WSGI application ----
@@ -230,7 +281,6 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         raise ValueError("max_body_bytes must be a non-negative integer")
     accepted = [token.encode("ascii") for token in tokens]
     store = PlantStore() if store is None else store
-    encode = json.JSONEncoder(ensure_ascii=True).encode  # ASCII out: a lone surrogate cannot break it
 
     def create_plant(environ):
         """Route, authenticate, read and store one request; return the Plant it created."""
@@ -239,23 +289,20 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         if environ["REQUEST_METHOD"] != "POST":
             raise HTTPError(405, "method not allowed: /plants accepts POST", headers=[("Allow", "POST")])
         check_bearer(environ, accepted)
-        plant_id, name, tag = parse_new_plant(decode_json(read_body(environ, max_body_bytes)))
+        plant_id, name, tag = read_new_plant(read_body(environ, max_body_bytes))
         if not store.add(plant_id, name, tag):
             raise HTTPError(409, "a plant with this 'id' already exists")
-        return {"name": name} if tag is None else {"name": name, "tag": tag}
+        return plant_json(name, tag)
 
     def application(environ, start_response):
         """Answer one request with a JSON body; never let an exception out."""
         try:
-            status, headers, document = 200, [], create_plant(environ)
+            status, headers, body = 200, (), create_plant(environ)
         except HTTPError as error:
-            status, headers = error.status, error.headers
-            document = {"error": error.status, "message": error.message}
+            status, headers, body = error.status, error.headers, error_json(error.status, error.message)
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
-            status, headers = 500, []
-            document = {"error": 500, "message": "internal server error"}
-        body = encode(document).encode("ascii")
+            status, headers, body = 500, (), error_json(500, "internal server error")
         start_response(_STATUS_LINES[status], [
             ("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers])
         return [body]

@@ -1,0 +1,308 @@
+"""Benchmark plantstore side by side: in process, over HTTP, and memory per stored plant.
+
+    python benchmarks/bench_plantstore.py            # the full run (a few minutes)
+    python benchmarks/bench_plantstore.py --quick    # tiny counts, in process only: a smoke run
+
+Needs `pip install -e '.[bench]'` (Falcon, gunicorn) and, for the HTTP rows, `wrk`
+(Debian: `apt-get install wrk`). Contenders run in interleaved rounds, so that
+noise from the machine hits all of them alike; each figure is the median round.
+
+1. In process: microseconds per valid POST /plants through the WSGI callable, for
+   plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
+   constant JSON, and the same endpoint with the same behaviour written in Falcon.
+2. Over HTTP: requests per second under gunicorn's gthread worker (1 worker,
+   8 threads) on loopback, plantstore against the ceiling app, with wrk sending
+   unique ids; and the embedded server (python plantstore.py).
+3. Memory: bytes per stored plant at 1,000,000 plants with short names and tags.
+"""
+
+import argparse
+import io
+import json
+import os
+import platform
+import re
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import plantstore  # noqa: E402
+
+TOKEN = secrets.token_urlsafe(32)  # made up per run; reaches servers through the environment only
+CEILING_BODY = b'{"name": "Fern", "tag": "indoor"}'
+
+
+# ---- The contenders ----
+
+def ceiling(environ, start_response):
+    """The least a WSGI app can do here: read the body, answer a constant JSON."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    environ["wsgi.input"].read(length)
+    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(CEILING_BODY)))])
+    return [CEILING_BODY]
+
+
+def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
+    """POST /plants in Falcon's idiom, with plantstore's behaviour: same checks, statuses and bodies."""
+    import hmac
+
+    import falcon
+
+    store = plantstore.PlantStore()
+    accepted = [token.encode() for token in tokens]
+
+    class Plants:
+        def on_post(self, req, resp):
+            scheme, _, token = (req.auth or "").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise plantstore.HTTPError(401, "a bearer token is required",
+                                           headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')])
+            sent = token.strip().encode("latin-1", "replace")
+            if not sum(hmac.compare_digest(sent, good) for good in accepted):
+                raise plantstore.HTTPError(401, "the bearer token is not valid", headers=[
+                    ("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')])
+            media_type = (req.content_type or "").partition(";")[0].strip().lower()
+            if media_type != "application/json":
+                raise plantstore.HTTPError(415, "Content-Type must be application/json",
+                                           headers=[("Accept", "application/json")])
+            if (req.content_length or 0) > max_body_bytes:
+                raise plantstore.HTTPError(413, f"request body is larger than {max_body_bytes} bytes")
+            plant_id, name, tag = plantstore.read_new_plant(req.bounded_stream.read())
+            if not store.add(plant_id, name, tag):
+                raise plantstore.HTTPError(409, "a plant with this 'id' already exists")
+            resp.media = {"name": name} if tag is None else {"name": name, "tag": tag}
+
+    def render(req, resp, error, params):
+        resp.status = error.status
+        resp.media = {"error": error.status, "message": error.message}
+        for name, value in error.headers:
+            resp.set_header(name, value)
+
+    app = falcon.App()
+    app.add_route("/plants", Plants())
+    app.add_error_handler(plantstore.HTTPError, render)
+    return app
+
+
+def in_process_contenders():
+    contenders = {"plantstore": lambda: plantstore.make_app([TOKEN]), "ceiling": lambda: ceiling}
+    try:
+        import falcon  # noqa: F401
+    except ImportError:
+        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.", file=sys.stderr)
+    else:
+        contenders["falcon"] = lambda: make_falcon_app([TOKEN])
+    return contenders
+
+
+# ---- 1. In process ----
+
+def request_environs(first_id, count):
+    """WSGI environs for `count` valid creates with unique ids, built before the clock starts."""
+    environs = []
+    for plant_id in range(first_id, first_id + count):
+        body = b'{"id": %d, "name": "Fern", "tag": "indoor"}' % plant_id
+        environs.append({
+            "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/plants", "QUERY_STRING": "",
+            "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+            "HTTP_AUTHORIZATION": f"Bearer {TOKEN}", "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
+            "wsgi.multiprocess": False, "wsgi.run_once": False, "wsgi.input_terminated": True,
+        })
+    return environs
+
+
+def time_requests(application, first_id, count, batch=100):
+    """Return microseconds per request over `count` valid creates; fail unless every answer was 200.
+
+    Environs are built in small batches outside the clock, as a server builds each one just before
+    it calls the app: thousands built up front would be cold in the cache when their turn came.
+    """
+    statuses = []
+    start_response = lambda status, headers, exc_info=None: statuses.append(status)  # noqa: E731
+    clock = time.perf_counter
+    elapsed = 0.0
+    for start in range(first_id, first_id + count, batch):
+        environs = request_environs(start, min(batch, first_id + count - start))
+        begin = clock()
+        for environ in environs:
+            b"".join(application(environ, start_response))
+        elapsed += clock() - begin
+    if statuses != ["200 OK"] * count:
+        raise SystemExit(f"a contender answered other than 200: {sorted(set(statuses))}")
+    return elapsed / count * 1e6
+
+
+def bench_in_process(rounds, per_round):
+    contenders = in_process_contenders()
+    apps = {name: build() for name, build in contenders.items()}
+    for name, application in apps.items():  # warm up, and prove each one answers 200
+        time_requests(application, 10**12, 200)
+    samples = {name: [] for name in apps}
+    for round_number in range(rounds):
+        for name, application in apps.items():
+            samples[name].append(time_requests(application, round_number * per_round, per_round))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+# ---- 2. Over HTTP ----
+
+WRK_SCRIPT = r"""
+-- Unique ids: each wrk thread counts in its own range, above a base that differs per run.
+local threads, base = 0, tonumber(os.getenv("BENCH_ID_BASE"))
+local auth = "Bearer " .. os.getenv("BENCH_TOKEN")
+function setup(thread) thread:set("slot", threads); threads = threads + 1 end
+function init() counter = base + slot * 100000000 end
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/plants", {["Content-Type"] = "application/json", ["Authorization"] = auth},
+                    '{"id": ' .. counter .. ', "name": "Fern", "tag": "indoor"}')
+end
+"""
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port, process, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with status {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("the server did not start listening")
+
+
+def start_server(kind, port):
+    env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
+    env.pop("WEB_CONCURRENCY", None)
+    if kind == "embedded":
+        args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
+    else:
+        app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
+        args = [sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-k", "gthread",
+                "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+                "--pythonpath", f"{HERE.parent},{HERE}", app]
+    process = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    wait_for_port(port, process)
+    return process
+
+
+def run_wrk(port, script, seconds, connections, id_base):
+    env = {**os.environ, "BENCH_TOKEN": TOKEN, "BENCH_ID_BASE": str(id_base)}
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "-s", script,
+                          f"http://127.0.0.1:{port}/plants"], env=env, capture_output=True, text=True,
+                         timeout=seconds + 60, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
+    non_2xx = int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    return rps, non_2xx, errors
+
+
+def bench_http(rounds, seconds, connections):
+    kinds = ["plantstore", "ceiling", "embedded"]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT)
+    servers = {kind: (port := free_port(), start_server(kind, port)) for kind in kinds}
+    samples = {kind: [] for kind in kinds}
+    bad = {kind: 0 for kind in kinds}
+    try:
+        for round_number in range(rounds):
+            for kind, (port, _) in servers.items():
+                rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
+                                               id_base=(round_number + 1) * 10**12)
+                samples[kind].append(rps)
+                bad[kind] += non_2xx + errors
+    finally:
+        for _, process in servers.values():
+            process.terminate()
+            process.wait(30)
+        os.unlink(script.name)
+    return {kind: (statistics.median(values), bad[kind]) for kind, values in samples.items()}
+
+
+# ---- 3. Memory ----
+
+def bench_memory(plants):
+    """Bytes per plant held by the store after `plants` creates through the application."""
+    store = plantstore.PlantStore()
+    application = plantstore.make_app([TOKEN], store=store)
+    tags = ["indoor", "outdoor", "succulent", "fern", "herb"]
+    start_response = lambda status, headers, exc_info=None: None  # noqa: E731
+    environ = request_environs(0, 1)[0]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for plant_id in range(plants):
+        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (plant_id, plant_id, tags[plant_id % 5].encode())
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        application(environ, start_response)
+    environ = body = None
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert len(store) == plants
+    return (after - before) / plants
+
+
+# ---- Report ----
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
+    parser.add_argument("--http-seconds", type=int, default=5, help="wrk seconds per contender per round")
+    parser.add_argument("--http-rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.per_round, args.plants = 2, 200, 2_000
+
+    print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
+          f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
+    print(f"command: python benchmarks/bench_plantstore.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+
+    micro = bench_in_process(args.rounds, args.per_round)
+    print(f"\nIn process, median of {args.rounds} interleaved rounds of {args.per_round} valid creates:")
+    print(f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  {'vs plantstore':>13}")
+    for name, micros in micro.items():
+        print(f"  {name:<12} {micros:>10.2f}  {micros / micro['ceiling']:>9.2f}x  "
+              f"{micros / micro['plantstore']:>12.2f}x")
+
+    if not args.quick:
+        rates = bench_http(args.http_rounds, args.http_seconds, args.connections)
+        print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of {args.http_rounds} "
+              f"interleaved {args.http_seconds} s rounds (gunicorn -w 1 --threads 8, gthread):")
+        print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  {'non-2xx or errors':>17}")
+        for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
+                            ("embedded", "python plantstore.py")]:
+            rps, bad = rates[kind]
+            print(f"  {label:<24} {rps:>10.0f}  {rps / rates['ceiling'][0]:>9.2f}x  {bad:>17}")
+
+    per_plant = bench_memory(args.plants)
+    print(f"\nMemory: {per_plant:.0f} bytes per stored plant at {args.plants:,} plants "
+          f"({per_plant * 1e6 / 1e6:.0f} MB per million)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
