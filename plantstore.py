@@ -128,8 +128,6 @@ def content_length(environ):
 
 def read_new_plant(body):
     """Return (id, name, tag) from the body: UTF-8, then strict JSON, then the NewPlant shape."""
-    if not body:
-        raise HTTPError(400, "request body is empty: send a NewPlant JSON object")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -155,6 +153,8 @@ _USUAL_NEWPLANT = re.compile(r"""
 
 def decode_json(text):
     """Parse text as strict RFC 8259 JSON; any failure is a 400."""
+    if not text:
+        raise HTTPError(400, "request body is empty: send a NewPlant JSON object")
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError as error:
@@ -232,11 +232,9 @@ class PlantStore:
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        plant = (name, tag if tag is None else sys.intern(tag))  # tags repeat: keep one of each
         with self._lock:
-            if plant_id in self._plants:
-                return False
-            self._plants[plant_id] = (name, tag if tag is None else sys.intern(tag))  # tags repeat: keep one of each
-            return True
+            return self._plants.setdefault(plant_id, plant) is plant
 
     def get(self, plant_id):
         """Return the (name, tag) stored under plant_id, or None."""
