@@ -1,6 +1,7 @@
 """Tests for plantstore: the contract's table of checks, hostile input, threads and real sockets."""
 
 import http.client
+import importlib.util
 import io
 import json
 import os
@@ -949,3 +950,15 @@ def test_gunicorn_refuses_to_boot_without_tokens(spawn):
     err = process.stderr.read()
     assert "PLANTSTORE_TOKENS is not set" in err
     assert "Traceback" not in err
+
+
+# ---- The benchmark still runs (a smoke run with tiny counts; speed is not asserted here) ----
+
+def test_benchmark_smoke_run(capsys):
+    spec = importlib.util.spec_from_file_location("bench_plantstore", HERE / "benchmarks" / "bench_plantstore.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    table = capsys.readouterr().out
+    assert re.search(r"plantstore\s+[\d.]+\s+[\d.]+x", table) and re.search(r"ceiling\s+[\d.]+\s+1\.00x", table)
+    assert re.search(r"Memory: \d+ bytes per stored plant at 2,000 plants", table)

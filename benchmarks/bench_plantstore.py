@@ -226,7 +226,9 @@ def bench_http(rounds, seconds, connections):
     bad = {kind: 0 for kind in kinds}
     try:
         for round_number in range(rounds):
-            for kind, (port, _) in servers.items():
+            turn = kinds[round_number % len(kinds):] + kinds[:round_number % len(kinds)]  # no one always first
+            for kind in turn:
+                port = servers[kind][0]
                 rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
                                                id_base=(round_number + 1) * 10**12)
                 samples[kind].append(rps)
@@ -270,7 +272,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
     parser.add_argument("--http-seconds", type=int, default=5, help="wrk seconds per contender per round")
-    parser.add_argument("--http-rounds", type=int, default=3)
+    parser.add_argument("--http-rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
     args = parser.parse_args(argv)
