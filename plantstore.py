@@ -3,7 +3,8 @@
 One operation, ``POST /plants``: a NewPlant JSON object in (``id``, ``name``,
 optional ``tag``), the stored Plant out (``name``, ``tag``; no ``id``), or an
 Error object ``{"error": <status>, "message": ...}``. Every request needs
-``Authorization: Bearer <token>``.
+``Authorization: Bearer <token>``, but ``GET /openapi.json``: the OpenAPI 3.1
+document of the service as it is, every status it sends included.
 
 Three ways to run it:
 
@@ -263,6 +264,64 @@ def error_json(status, message):
     return f'{{"error": {status}, "message": {_quote(message)}}}'.encode("ascii")
 
 
+# ---- The OpenAPI document the service serves at /openapi.json ----
+
+def _json_content(schema):
+    return {JSON_TYPE: {"schema": schema}}
+
+
+_ERRORS = {  # status: (description, the header that comes with it)
+    400: ("The request is not valid; the message names the field and the rule", None),
+    401: ("The bearer token is missing or not accepted", "WWW-Authenticate"),
+    405: ("The path does not have this method", "Allow"),
+    408: ("The request body did not arrive in time", None),
+    409: ("A plant with this id already exists; it is left unchanged", None),
+    413: ("The request body is larger than the limit", None),
+    415: ("The body is not application/json", "Accept"),
+    500: ("The server failed", None),
+}
+
+OPENAPI = {
+    "openapi": "3.1.0",
+    "info": {"title": "Plant Store", "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}},
+    "security": [{"bearerAuth": []}],
+    "paths": {
+        "/plants": {"post": {
+            "description": "Creates a new plant in the store",
+            "requestBody": {"description": "Plant to add to the store", "required": True,
+                            "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
+            "responses": {"200": {"description": "plant response",
+                                  "content": _json_content({"$ref": "#/components/schemas/Plant"})},
+                          **{str(status): {"$ref": f"#/components/responses/Error{status}"}
+                             for status in (400, 401, 408, 409, 413, 415, 500)}},
+        }},
+        "/openapi.json": {"get": {
+            "description": "This document: the one request that needs no token", "security": [],
+            "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
+        }},
+    },
+    "components": {
+        "schemas": {  # the specification's own, unchanged
+            "Plant": {"type": "object", "required": ["name"], "properties": {
+                "name": {"description": "The name of the plant", "type": "string"},
+                "tag": {"description": "Tag to specify the type", "type": "string"}}},
+            "NewPlant": {"allOf": [{"$ref": "#/components/schemas/Plant"}, {
+                "type": "object", "required": ["id"], "properties": {"id": {
+                    "description": "Identification number of the plant", "type": "integer", "format": "int64"}}}]},
+            "Error": {"type": "object", "required": ["error", "message"], "properties": {
+                "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}},
+        },
+        "responses": {  # Error405 is what any path answers to a method it does not list
+            f"Error{status}": {"description": text,
+                               "content": _json_content({"$ref": "#/components/schemas/Error"}),
+                               **({"headers": {header: {"schema": {"type": "string"}}}} if header else {})}
+            for status, (text, header) in _ERRORS.items()
+        },
+        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+    },
+}
+
+
 # ---- The WSGI application ----
 
 def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
@@ -279,12 +338,18 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         raise ValueError("max_body_bytes must be a non-negative integer")
     accepted = [token.encode("ascii") for token in tokens]
     store = PlantStore() if store is None else store
+    document = json.dumps(OPENAPI, indent=2).encode("ascii")
 
-    def create_plant(environ):
-        """Route, authenticate, read and store one request; return the Plant it created."""
-        if environ.get("PATH_INFO") != "/plants":
-            raise HTTPError(404, "not found: this service has one route, /plants")
-        if environ["REQUEST_METHOD"] != "POST":
+    def respond(environ):
+        """Route, authenticate, read and store one request; return the body of its 200."""
+        path, method = environ.get("PATH_INFO"), environ["REQUEST_METHOD"]
+        if path == "/openapi.json":  # the one route anyone may read
+            if method != "GET":
+                raise HTTPError(405, "method not allowed: /openapi.json accepts GET", headers=[("Allow", "GET")])
+            return document
+        if path != "/plants":
+            raise HTTPError(404, "not found: the routes are /plants and /openapi.json")
+        if method != "POST":
             raise HTTPError(405, "method not allowed: /plants accepts POST", headers=[("Allow", "POST")])
         check_bearer(environ, accepted)
         plant_id, name, tag = read_new_plant(read_body(environ, max_body_bytes))
@@ -295,7 +360,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
     def application(environ, start_response):
         """Answer one request with a JSON body; never let an exception out."""
         try:
-            status, headers, body = 200, (), create_plant(environ)
+            status, headers, body = 200, (), respond(environ)
         except HTTPError as error:
             status, headers, body = error.status, error.headers, error_json(error.status, error.message)
         except Exception:

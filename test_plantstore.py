@@ -17,7 +17,10 @@ from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
 
+import hypothesis
+import openapi_spec_validator
 import pytest
+import schemathesis
 import webtest
 
 import plantstore
@@ -77,7 +80,7 @@ def call(application, *, method="POST", path="/plants", body=b"", environ=None, 
     finally:
         getattr(chunks, "close", lambda: None)()
     status, headers = started[0]
-    return int(status.split()[0]), dict(headers), json.loads(data)
+    return int(status.split()[0]), dict(headers), json.loads(data) if data else None
 
 
 # ---- Creating a plant ----
@@ -640,6 +643,102 @@ def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
     statuses = in_threads(racers, lambda n: create(application, 42, f"racer-{n}"))
     assert sorted(statuses) == [200] + [409] * (racers - 1)
     assert store.get(42) == (f"racer-{statuses.index(200)}", None)
+
+
+# ---- The OpenAPI document, and schemathesis against it ----
+
+def test_openapi_document_is_served_without_a_token_and_is_valid(app):
+    response = app.get("/openapi.json", status=200)
+    assert response.content_type == "application/json"
+    assert response.json == plantstore.OPENAPI
+    openapi_spec_validator.validate(response.json)  # raises unless it is valid OpenAPI 3.1
+    assert response.json["openapi"] == "3.1.0"
+    assert response.json["info"] == {"title": "Plant Store", "version": "1.0.0",
+                                     "license": {"name": "MIT", "identifier": "MIT"}}
+    assert response.json["security"] == [{"bearerAuth": []}]
+    assert response.json["components"]["securitySchemes"] == {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_openapi_document_answers_other_methods_405(app, method):
+    response = app.request("/openapi.json", method=method, status=405, expect_errors=True)
+    assert_error(response, 405)
+    assert response.headers["Allow"] == "GET" and "WWW-Authenticate" not in response.headers
+
+
+def test_openapi_document_keeps_the_specification_schemas():
+    schemas = plantstore.OPENAPI["components"]["schemas"]
+    assert schemas["Plant"]["required"] == ["name"]
+    assert {k: v["type"] for k, v in schemas["Plant"]["properties"].items()} == {"name": "string", "tag": "string"}
+    assert schemas["NewPlant"]["allOf"][0] == {"$ref": "#/components/schemas/Plant"}
+    assert schemas["NewPlant"]["allOf"][1]["required"] == ["id"]
+    assert schemas["NewPlant"]["allOf"][1]["properties"]["id"] == {
+        "description": "Identification number of the plant", "type": "integer", "format": "int64"}
+    assert schemas["Error"] == {"type": "object", "required": ["error", "message"], "properties": {
+        "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}}
+
+
+def documented(method, path, status):
+    """The document's answer for that status of that operation, with a component reference followed."""
+    answer = plantstore.OPENAPI["paths"][path][method.lower()]["responses"].get(str(status))
+    if answer and "$ref" in answer:
+        answer = plantstore.OPENAPI["components"]["responses"][answer["$ref"].rsplit("/", 1)[1]]
+    return answer
+
+
+# Every status each operation can send, each brought about once: (operation, call() arguments, status, header).
+PLANT = json.dumps({"id": 1, "name": "Fern"}).encode()
+STATUS_CASES = [
+    (("POST", "/plants"), dict(body=PLANT), 200, None),
+    (("POST", "/plants"), dict(body=b"[]"), 400, None),
+    (("POST", "/plants"), dict(body=PLANT, environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
+    (("POST", "/plants"), dict(environ={"wsgi.input": FailingInput(TimeoutError()), "CONTENT_LENGTH": "9"}), 408, None),
+    (("POST", "/plants"), dict(body=PLANT, store="taken"), 409, None),
+    (("POST", "/plants"), dict(body=b" " * (MAX_BODY_BYTES + 1)), 413, None),
+    (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}), 415, "Accept"),
+    (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
+    (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
+]
+
+
+@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES,
+                         ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES])
+def test_every_status_an_operation_sends_is_in_the_document(operation, arguments, status, header):
+    arguments = dict(arguments)
+    given = arguments.pop("store", None)
+    store = BrokenStore() if given == "broken" else PlantStore()
+    if given == "taken":
+        store.add(1, "Taken", None)
+    arguments["environ"] = {**arguments.get("environ", {}), "wsgi.errors": io.StringIO()}
+    got, headers, _ = call(make_app([TOKEN], store=store), **arguments)
+    assert got == status
+    answer = documented(*operation, status)
+    assert answer is not None, f"{operation} sends {status}, which the document does not list for it"
+    if header:
+        assert header in headers and header in answer["headers"]
+
+
+def test_the_document_lists_no_status_an_operation_never_sends():
+    for path, operations in plantstore.OPENAPI["paths"].items():
+        for method, operation in operations.items():
+            sent = {status for op, _, status, _ in STATUS_CASES if op == (method.upper(), path)}
+            assert {int(status) for status in operation["responses"]} == sent, (method, path)
+
+
+def test_405_is_documented_with_its_allow_header():
+    assert "Allow" in plantstore.OPENAPI["components"]["responses"]["Error405"]["headers"]
+
+
+SCHEMA = schemathesis.openapi.from_wsgi("/openapi.json", make_app([TOKEN]))
+SCHEMA.config.update(headers=AUTH)  # as `st run -H`: schemathesis knows the token and still tries without it
+
+
+@SCHEMA.parametrize()
+@hypothesis.settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+def test_schemathesis_finds_no_failure(case):
+    """Every check, positive and negative data, a fixed seed, in process against the served document."""
+    case.call_and_validate()
 
 
 # ---- The embedded server, over real sockets ----
