@@ -107,11 +107,10 @@ def read_body(environ, limit):
         raise HTTPError(408, "the request body did not arrive in time") from None
     except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
-    if len(body) != size:
-        if length is not None:
-            raise HTTPError(400, "request body is shorter than its Content-Length")
-    elif length is None:
+    if length is None and len(body) > limit:  # the chunked body was over the limit
         raise HTTPError(413, f"request body is larger than {limit} bytes")
+    if length is not None and len(body) < length:
+        raise HTTPError(400, "request body is shorter than its Content-Length")
     return body
 
 
