@@ -3,8 +3,8 @@
 One operation, ``POST /plants``: a NewPlant JSON object in (``id``, ``name``,
 optional ``tag``), the stored Plant out (``name``, ``tag``; no ``id``), or an
 Error object ``{"error": <status>, "message": ...}``. Every request needs
-``Authorization: Bearer <token>``, but ``GET /openapi.json``: the OpenAPI 3.1
-document of the service as it is, every status it sends included.
+``Authorization: Bearer <token>`` except ``GET /openapi.json``, which answers
+the OpenAPI 3.1 document of the service as it is, every status included.
 
 Three ways to run it:
 
@@ -47,7 +47,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 __version__ = "1.0.0"
 # `app` is left out on purpose: it is built from the environment on first use.
-__all__ = ["HTTPError", "PlantStore", "make_app", "make_server", "main"]
+__all__ = ["HTTPError", "OPENAPI", "PlantStore", "make_app", "make_server", "main"]
 
 TOKENS_VARIABLE = "PLANTSTORE_TOKENS"
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
