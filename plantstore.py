@@ -236,13 +236,6 @@ class PlantStore:
         with self._lock:
             return self._plants.setdefault(plant_id, plant) is plant
 
-    def get(self, plant_id):
-        """Return the (name, tag) stored under plant_id, or None."""
-        return self._plants.get(plant_id)
-
-    def __len__(self):
-        return len(self._plants)
-
 
 # ---- Writing an answer ----
 
