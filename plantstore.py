@@ -133,7 +133,7 @@ def read_new_plant(body):
     except UnicodeDecodeError:
         raise HTTPError(400, "request body is not valid UTF-8") from None
     usual = _USUAL_NEWPLANT.fullmatch(text)
-    if usual:  # the fast path: the same answer as below, in a third of the time
+    if usual:  # the fast path: the same answer as below, several times faster
         plant_id, name, tag = usual.groups()
         plant_id = int(plant_id)  # at most 19 digits
         if INT64_MIN <= plant_id <= INT64_MAX:
