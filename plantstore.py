@@ -1,28 +1,33 @@
 """The Plant Store API in one file, on the Python standard library alone.
 
-One operation, ``POST /plants``: a NewPlant JSON object in (``id``, ``name``,
-optional ``tag``), the stored Plant out (``name``, ``tag``; no ``id``), or an
-Error object ``{"error": <status>, "message": ...}``. Every request needs
-``Authorization: Bearer <token>``.
+``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional
+``tag``) and answers the stored Plant (``name``, ``tag``; no ``id``);
+``GET /plants?limit=N`` lists plants, oldest first; ``DELETE /plants/{id}``
+removes one. Errors are ``{"error": <status>, "message": ...}``. Every request
+needs ``Authorization: Bearer <token>``.
 
 Three ways to run it:
 
     python plantstore.py [--host H] [--port P]    # the embedded server below
     gunicorn -w 1 --threads 8 plantstore:app       # production (pip install .[server])
+    PLANTSTORE_DB=plants.sqlite3 gunicorn -w 4 --threads 4 plantstore:app
     make_app(tokens, store=..., max_body_bytes=...)  # inside another WSGI stack
 
 Settings come from the environment: ``PLANTSTORE_TOKENS`` holds the accepted
 bearer tokens, comma-separated. Left unset, ``python plantstore.py`` makes up
 one token and prints it once; ``gunicorn plantstore:app`` refuses to boot.
-Importing this module reads, prints and generates nothing.
+``PLANTSTORE_DB=/path/to/plants.sqlite3`` keeps the plants in SQLite instead of
+memory. Importing this module reads, prints and generates nothing.
 
-A store is any object with ``add(plant_id, name, tag) -> bool``: insert the
-plant atomically and return True, or return False, changing nothing, when the
-id is taken. ``tag`` is None when the plant has none.
+A store is any object with these methods (``tag`` is None when there is none):
+``add(plant_id, name, tag) -> bool`` inserts atomically and returns False,
+changing nothing, when the id is taken; ``list(limit) -> list`` returns up to
+``limit`` (None: all) ``(name, tag)`` pairs, oldest first; ``delete(plant_id)
+-> bool`` removes the plant and returns False when there was none.
 
 The one thing people get wrong: the default ``PlantStore`` lives in the memory
 of one process. Several gunicorn workers would each hold a separate store, so
-run one worker with threads, and pass a shared store when that is not enough.
+run one worker with threads, or set ``PLANTSTORE_DB`` and run several.
 
 The embedded server is wsgiref made threaded: a reference server, fine on a
 laptop or behind a proxy; use gunicorn when it faces real traffic.
@@ -36,23 +41,26 @@ import re
 import secrets
 import socket
 import socketserver
+import sqlite3
 import sys
 import threading
 import time
 import traceback
 from decimal import Decimal
 from http import HTTPStatus
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 __version__ = "1.0.0"
 # `app` is left out on purpose: it is built from the environment on first use.
-__all__ = ["HTTPError", "PlantStore", "make_app", "make_server", "main"]
+__all__ = ["HTTPError", "PlantStore", "SQLiteStore", "make_app", "make_server", "main"]
 
-TOKENS_VARIABLE = "PLANTSTORE_TOKENS"
+TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
@@ -221,6 +229,26 @@ def as_int64(value):
     return value
 
 
+def path_id(text):
+    """Return the {id} of /plants/{id} as an int64, or raise a 400: decimal digits, an optional minus."""
+    if not _INTEGER.fullmatch(text):
+        raise HTTPError(400, "'id' in the path must be an integer")
+    return as_int64(int(text))
+
+
+def query_limit(environ):
+    """Return the `limit` query parameter as an int32 from 0, None when absent, or raise a 400."""
+    values = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).get("limit")
+    if values is None:
+        return None
+    if len(values) != 1 or not _INTEGER.fullmatch(values[0]) or not 0 <= int(values[0]) <= INT32_MAX:
+        raise HTTPError(400, f"'limit' must be one integer from 0 to {INT32_MAX}")
+    return int(values[0])
+
+
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")  # 19 digits at most: never a huge int()
+
+
 # ---- The store ----
 
 class PlantStore:
@@ -236,12 +264,70 @@ class PlantStore:
         with self._lock:
             return self._plants.setdefault(plant_id, plant) is plant
 
-    def get(self, plant_id):
-        """Return the (name, tag) stored under plant_id, or None."""
-        return self._plants.get(plant_id)
+    def list(self, limit=None):
+        """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
+        with self._lock:  # a copy, taken whole: another thread may add meanwhile
+            return list(self._plants.values())[:limit]
 
-    def __len__(self):
-        return len(self._plants)
+    def delete(self, plant_id):
+        """Remove the plant and return True, or return False if there was none."""
+        with self._lock:
+            return self._plants.pop(plant_id, None) is not None
+
+
+class SQLiteStore:
+    """Plants in an SQLite file: a 200 means committed, ids are unique across processes, restarts lose nothing."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._local = threading.local()
+        try:  # a file that is not a plantstore database fails here, at start-up, not per request
+            db = self._connect()
+            db.execute("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+                       " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)")
+            columns = [row[1] for row in db.execute("PRAGMA table_info(plants)")]
+            db.close()
+        except sqlite3.Error as error:
+            raise ValueError(f"{self.path} is not a plantstore database: {error}") from None
+        if columns != ["seq", "id", "name", "tag"]:
+            raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
+
+    def _connect(self):
+        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)  # autocommit; wait on writers
+        db.execute("PRAGMA journal_mode=WAL")  # readers and a writer at once
+        db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
+        return db
+
+    def _db(self):
+        """This thread's connection, made in this process: connections are not shared across either."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            local.db, local.pid = self._connect(), os.getpid()
+        return local.db
+
+    def add(self, plant_id, name, tag):
+        try:
+            self._db().execute("INSERT INTO plants (id, name, tag) VALUES (?, ?, ?)",
+                               (plant_id, _utf8(name), None if tag is None else _utf8(tag)))
+        except sqlite3.IntegrityError:  # the id is taken: the database keeps ids unique
+            return False
+        return True
+
+    def list(self, limit=None):
+        rows = self._db().execute("SELECT name, tag FROM plants ORDER BY seq LIMIT ?",
+                                  (-1 if limit is None else limit,))
+        return [(_text(name), None if tag is None else _text(tag)) for name, tag in rows]
+
+    def delete(self, plant_id):
+        return self._db().execute("DELETE FROM plants WHERE id = ?", (plant_id,)).rowcount == 1
+
+
+def _utf8(text):
+    return text.encode("utf-8", "surrogatepass")  # any JSON string, a lone surrogate too
+
+
+def _text(data):
+    return data.decode("utf-8", "surrogatepass")
 
 
 # ---- Writing an answer ----
@@ -274,34 +360,55 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         raise ValueError("tokens must not be empty: plantstore never runs without authentication")
     if not all(isinstance(t, str) and t and t.isascii() and t.isprintable() and " " not in t
                for t in tokens):
-        raise ValueError("each token must be a non-empty string of printable ASCII without spaces")
+        raise ValueError(f"each token (as in {TOKENS_VARIABLE}) must be printable ASCII without spaces")
     if type(max_body_bytes) is not int or max_body_bytes < 0:
         raise ValueError("max_body_bytes must be a non-negative integer")
     accepted = [token.encode("ascii") for token in tokens]
     store = PlantStore() if store is None else store
 
-    def create_plant(environ):
-        """Route, authenticate, read and store one request; return the Plant it created."""
-        if environ.get("PATH_INFO") != "/plants":
-            raise HTTPError(404, "not found: this service has one route, /plants")
-        if environ["REQUEST_METHOD"] != "POST":
-            raise HTTPError(405, "method not allowed: /plants accepts POST", headers=[("Allow", "POST")])
-        check_bearer(environ, accepted)
+    def create_plant(environ, _):
         plant_id, name, tag = read_new_plant(read_body(environ, max_body_bytes))
         if not store.add(plant_id, name, tag):
             raise HTTPError(409, "a plant with this 'id' already exists")
-        return plant_json(name, tag)
+        return 200, plant_json(name, tag)
+
+    def list_plants(environ, _):
+        return 200, b"[" + b", ".join(plant_json(name, tag) for name, tag in store.list(query_limit(environ))) + b"]"
+
+    def delete_plant(environ, plant_id):
+        if not store.delete(path_id(plant_id)):
+            raise HTTPError(404, "no plant has this 'id'")
+        return 204, b""
+
+    plants, plant = {"GET": list_plants, "POST": create_plant}, {"DELETE": delete_plant}
+
+    def respond(environ):
+        """Route, authenticate and run one request; return its status and body."""
+        path = environ.get("PATH_INFO", "")
+        if path == "/plants":
+            methods, plant_id = plants, None
+        elif path.startswith("/plants/") and path.count("/") == 2 and path != "/plants/":
+            methods, plant_id = plant, path[8:]
+        else:
+            raise HTTPError(404, "not found: the routes are /plants and /plants/{id}")
+        handler = methods.get(environ["REQUEST_METHOD"])
+        if handler is None:
+            allow = ", ".join(methods)
+            raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
+        check_bearer(environ, accepted)
+        return handler(environ, plant_id)
 
     def application(environ, start_response):
-        """Answer one request with a JSON body; never let an exception out."""
+        """Answer one request with a JSON body (204: none); never let an exception out."""
         try:
-            status, headers, body = 200, (), create_plant(environ)
+            status, body = respond(environ)
+            headers = ()
         except HTTPError as error:
             status, headers, body = error.status, error.headers, error_json(error.status, error.message)
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, headers, body = 500, (), error_json(500, "internal server error")
-        start_response(_STATUS_LINES[status], [
+        start_response(_STATUS_LINES[status], [] if status == 204 else [
             ("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers])
         return [body]
 
@@ -313,18 +420,27 @@ def tokens_from_environ(environ=os.environ):
     return [token.strip() for token in environ.get(TOKENS_VARIABLE, "").split(",") if token.strip()]
 
 
+def store_from_environ(environ=os.environ):
+    """Return an SQLiteStore when PLANTSTORE_DB names a file, else None (the in-memory store)."""
+    path = environ.get(DB_VARIABLE, "").strip()
+    return SQLiteStore(path) if path else None
+
+
 def __getattr__(name):
     """Build `app` for `gunicorn plantstore:app` on first use (PEP 562), not at import."""
     global app
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    tokens = tokens_from_environ()
-    if not tokens:
+    try:
+        tokens = tokens_from_environ()
+        if not tokens:
+            raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
+                             "comma-separated; plantstore never runs without authentication")
+        app = make_app(tokens, store=store_from_environ())
+    except ValueError as problem:
         # gunicorn prints its own AppImportError as one line and stops instead of booting.
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
-        raise error(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
-                    "comma-separated; plantstore never runs without authentication")
-    app = make_app(tokens)
+        raise error(str(problem)) from None
     return app
 
 
@@ -398,9 +514,9 @@ def main(argv=None):
         print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
               file=sys.stderr)
     try:
-        application = make_app(tokens)
-    except ValueError as error:
-        parser.error(f"{TOKENS_VARIABLE}: {error}")
+        application = make_app(tokens, store=store_from_environ())
+    except ValueError as error:  # a malformed token, or PLANTSTORE_DB naming a file that is no database
+        parser.error(str(error))
     try:
         server = make_server(args.host, args.port, application)
     except (OSError, OverflowError, ValueError) as error:

@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ import pytest
 import webtest
 
 import plantstore
-from plantstore import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, make_app, make_server
+from plantstore import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, SQLiteStore, make_app, make_server
 
 TOKEN = "test-token-1"
 OTHER_TOKEN = "test-token-2"
@@ -39,6 +40,11 @@ def store():
 def app(store):
     """A fresh application in WebTest, lint on: anything written to wsgi.errors fails the test."""
     return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
+
+
+def stored(store):
+    """What an in-memory store holds, by id."""
+    return dict(store._plants)
 
 
 def post(app, body, status, *, headers=AUTH, content_type="application/json", **kwargs):
@@ -87,25 +93,25 @@ def test_create_returns_the_plant_without_id(app, store):
     assert response.json == {"name": "Fern", "tag": "indoor"}
     assert response.content_type == "application/json"
     assert int(response.headers["Content-Length"]) == len(response.body)
-    assert store.get(1) == ("Fern", "indoor")
+    assert stored(store).get(1) == ("Fern", "indoor")
 
 
 def test_create_without_tag_answers_without_tag(app, store):
     assert post(app, {"id": 2, "name": "Cactus"}, 200).json == {"name": "Cactus"}
-    assert store.get(2) == ("Cactus", None)
+    assert stored(store).get(2) == ("Cactus", None)
 
 
 def test_unknown_fields_are_ignored_and_not_stored(app, store):
     response = post(app, {"id": 3, "name": "Ivy", "colour": "green", "owner": {"x": [1]}}, 200)
     assert response.json == {"name": "Ivy"}
-    assert store.get(3) == ("Ivy", None)
+    assert stored(store).get(3) == ("Ivy", None)
 
 
 def test_duplicate_id_is_409_and_keeps_the_first_plant(app, store):
     post(app, {"id": 5, "name": "Rose", "tag": "red"}, 200)
     assert_error(post(app, {"id": 5, "name": "Impostor"}, 409), 409, "already exists")
-    assert store.get(5) == ("Rose", "red")
-    assert len(store) == 1
+    assert stored(store).get(5) == ("Rose", "red")
+    assert len(stored(store)) == 1
 
 
 @pytest.mark.parametrize("name", ["", " ", "Ficus 🌿", "名前", "a" * 10_000, "\u0000"],
@@ -114,29 +120,34 @@ def test_any_string_is_a_name_and_round_trips(app, store, name):
     response = post(app, {"id": 9, "name": name, "tag": name}, 200)
     assert response.body.isascii()  # ensure_ascii: escapes, never raw bytes
     assert response.json == {"name": name, "tag": name}
-    assert store.get(9) == (name, name)
+    assert stored(store).get(9) == (name, name)
 
 
 def test_lone_surrogate_in_name_is_stored_and_escaped(app, store):
     response = post(app, b'{"id": 10, "name": "\\ud800", "tag": "\\udfff"}', 200)
     assert response.body == b'{"name": "\\ud800", "tag": "\\udfff"}'
-    assert store.get(10) == ("\ud800", "\udfff")
+    assert stored(store).get(10) == ("\ud800", "\udfff")
 
 
 # ---- Routes and methods come before authentication ----
 
-@pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1", "/PLANTS", "/plants.json", "//plants"])
+@pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1/x", "/plants//1", "/PLANTS", "/plants.json",
+                                  "//plants", "/plants/1/"])
 def test_unknown_path_is_404_before_auth(app, path):
     response = app.post(path, "{}", content_type="application/json", status=404, expect_errors=True)
     assert_error(response, 404)
     assert "WWW-Authenticate" not in response.headers
 
 
-@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "OPTIONS"])
-def test_other_methods_are_405_with_allow_before_auth(app, method):
-    response = app.request("/plants", method=method, status=405, expect_errors=True)
+@pytest.mark.parametrize("path, method, allow", [
+    ("/plants", "PUT", "GET, POST"), ("/plants", "PATCH", "GET, POST"), ("/plants", "DELETE", "GET, POST"),
+    ("/plants", "OPTIONS", "GET, POST"), ("/plants/1", "GET", "DELETE"), ("/plants/1", "POST", "DELETE"),
+    ("/plants/1", "PUT", "DELETE"), ("/plants/abc", "PATCH", "DELETE"),
+])
+def test_other_methods_are_405_with_allow_before_auth(app, path, method, allow):
+    response = app.request(path, method=method, status=405, expect_errors=True)
     assert_error(response, 405)
-    assert response.headers["Allow"] == "POST"
+    assert response.headers["Allow"] == allow
     assert "WWW-Authenticate" not in response.headers
 
 
@@ -145,7 +156,7 @@ def test_mounted_under_a_prefix_answers_as_at_the_root(store):
     mounted = webtest.TestApp(make_app([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"})
     assert post(mounted, {"id": 1, "name": "Moss"}, 200).json == {"name": "Moss"}
     assert_error(mounted.post("/other", status=404, expect_errors=True), 404)
-    assert store.get(1) == ("Moss", None)
+    assert stored(store).get(1) == ("Moss", None)
 
 
 def test_mounted_behind_a_dispatcher(store):
@@ -162,7 +173,7 @@ def test_mounted_behind_a_dispatcher(store):
 
     status, _, body = call(parent, path="/api/plants", body=b'{"id": 4, "name": "Sage"}')
     assert (status, body) == (200, {"name": "Sage"})
-    assert store.get(4) == ("Sage", None)
+    assert stored(store).get(4) == ("Sage", None)
 
 
 # ---- Authentication ----
@@ -191,7 +202,7 @@ def test_bad_credentials_are_401_with_challenge(app, store, headers, error):
     assert challenge.startswith('Bearer realm="plantstore"')
     assert ('error="invalid_token"' in challenge) == (error == "invalid_token")
     assert TOKEN not in response.text and TOKEN not in challenge
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 @pytest.mark.parametrize("value", [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}",
@@ -231,7 +242,7 @@ def test_other_media_types_are_415_with_accept(app, store, content_type):
     response = post(app, {"id": 1, "name": "Fern"}, 415, content_type=content_type)
     assert_error(response, 415, "application/json")
     assert response.headers["Accept"] == "application/json"
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 @pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON",
@@ -272,12 +283,12 @@ def _body_of_size(size, plant_id=1):
 
 def test_body_at_the_limit_is_accepted(app, store):
     post(app, _body_of_size(MAX_BODY_BYTES), 200)
-    assert store.get(1) == ("Fern", None)
+    assert stored(store).get(1) == ("Fern", None)
 
 
 def test_body_one_byte_over_the_limit_is_413(app, store):
     assert_error(post(app, _body_of_size(MAX_BODY_BYTES + 1), 413), 413, str(MAX_BODY_BYTES))
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 @pytest.mark.parametrize("limit", [30, 1000, 1_000_000])
@@ -395,7 +406,7 @@ BAD_JSON = [
 def test_malformed_json_is_400(store, body):
     roomy = webtest.TestApp(make_app([TOKEN], store=store, max_body_bytes=len(body) + 1))  # deep nesting is long
     assert_error(post(roomy, body, 400), 400)
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 def test_json_error_message_does_not_echo_input(app):
@@ -443,14 +454,14 @@ BAD_SHAPES = [
 @pytest.mark.parametrize("document, message", BAD_SHAPES)
 def test_invalid_newplant_is_400_naming_the_rule(app, store, document, message):
     assert_error(post(app, document, 400), 400, message)
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 @pytest.mark.parametrize("literal", [b"1e400", b"9223372036854775808.0", b"-9223372036854775809.0",
                                      b"7.000000000000000000001", b"9223372036854775807.5", b"1e-400"])
 def test_numbers_that_are_no_int64_id_are_400(app, store, literal):
     assert_error(post(app, b'{"id": ' + literal + b', "name": "Fern"}', 400), 400, "'id' must be")
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 @pytest.mark.parametrize("literal, plant_id", [
@@ -462,8 +473,8 @@ def test_numbers_that_are_no_int64_id_are_400(app, store, literal):
 def test_integral_numbers_are_ids_exactly(app, store, literal, plant_id):
     """JSON Schema 2020-12: a number with a zero fraction is an integer; no float rounding near 2**63."""
     post(app, b'{"id": ' + literal + b', "name": "Fern"}', 200)
-    assert store.get(plant_id) == ("Fern", None)
-    assert len(store) == 1
+    assert stored(store).get(plant_id) == ("Fern", None)
+    assert len(stored(store)) == 1
     # The id really is that integer: the plain spelling now collides with it.
     post(app, {"id": plant_id, "name": "Again"}, 409)
 
@@ -471,7 +482,7 @@ def test_integral_numbers_are_ids_exactly(app, store, literal, plant_id):
 def test_ids_one_apart_near_int64_max_are_distinct(app, store):
     post(app, b'{"id": 9223372036854775807.0, "name": "a"}', 200)
     post(app, b'{"id": 9223372036854775806.0, "name": "b"}', 200)
-    assert store.get(INT64_MAX) == ("a", None) and store.get(INT64_MAX - 1) == ("b", None)
+    assert stored(store).get(INT64_MAX) == ("a", None) and stored(store).get(INT64_MAX - 1) == ("b", None)
 
 
 def test_field_errors_come_in_order_id_name_tag(app):
@@ -630,8 +641,8 @@ def test_concurrent_unique_creates_are_all_stored(store):
 
     statuses = in_threads(threads, create_many)
     assert statuses == [[200] * per_thread] * threads
-    assert len(store) == threads * per_thread
-    assert all(store.get(i) == (f"p{i}", None) for i in range(threads * per_thread))
+    assert len(stored(store)) == threads * per_thread
+    assert all(stored(store).get(i) == (f"p{i}", None) for i in range(threads * per_thread))
 
 
 def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
@@ -639,7 +650,198 @@ def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
     racers = 32
     statuses = in_threads(racers, lambda n: create(application, 42, f"racer-{n}"))
     assert sorted(statuses) == [200] + [409] * (racers - 1)
-    assert store.get(42) == (f"racer-{statuses.index(200)}", None)
+    assert stored(store).get(42) == (f"racer-{statuses.index(200)}", None)
+
+
+# ---- Reading back and deleting, on both stores ----
+
+@pytest.fixture(params=["memory", "sqlite"])
+def any_store(request, tmp_path):
+    return PlantStore() if request.param == "memory" else SQLiteStore(tmp_path / "plants.sqlite3")
+
+
+@pytest.fixture
+def any_app(any_store):
+    return webtest.TestApp(make_app([TOKEN], store=any_store))
+
+
+def test_store_adds_lists_and_deletes(any_store):
+    assert any_store.add(1, "Fern", "indoor") is True
+    assert any_store.add(-5, "Cactus", None) is True
+    assert any_store.add(1, "Impostor", None) is False
+    assert any_store.add(INT64_MAX, "\ud800 lone", "caf\u00e9 \U0001f33f") is True
+    assert any_store.list() == [("Fern", "indoor"), ("Cactus", None), ("\ud800 lone", "caf\u00e9 \U0001f33f")]
+    assert any_store.list(0) == [] and any_store.list(2) == [("Fern", "indoor"), ("Cactus", None)]
+    assert any_store.delete(1) is True and any_store.delete(1) is False and any_store.delete(2) is False
+    assert any_store.add(1, "Fern again", None) is True  # a deleted id can be created again, and comes last
+    assert any_store.list() == [("Cactus", None), ("\ud800 lone", "caf\u00e9 \U0001f33f"), ("Fern again", None)]
+
+
+def test_store_under_threads(any_store):
+    created = in_threads(8, lambda n: [any_store.add(n * 25 + i, f"p{n * 25 + i}", None) for i in range(25)])
+    assert created == [[True] * 25] * 8
+    assert sorted(name for name, _ in any_store.list()) == sorted(f"p{i}" for i in range(200))
+    racers = in_threads(16, lambda n: any_store.add(1000, f"racer-{n}", None))
+    assert racers.count(True) == 1
+    assert any_store.list()[-1] == (f"racer-{racers.index(True)}", None)
+
+
+def test_get_lists_plants_oldest_first_without_ids(any_app):
+    assert any_app.get("/plants", headers=AUTH, status=200).json == []
+    for plant_id, name, tag in [(3, "Fern", "indoor"), (1, "Cactus", None), (2, "Ivy", "hanging")]:
+        post(any_app, {"id": plant_id, "name": name, **({"tag": tag} if tag else {})}, 200)
+    response = any_app.get("/plants", headers=AUTH, status=200)
+    assert response.content_type == "application/json"
+    assert response.json == [{"name": "Fern", "tag": "indoor"}, {"name": "Cactus"}, {"name": "Ivy", "tag": "hanging"}]
+    assert any_app.get("/plants?limit=2", headers=AUTH, status=200).json == response.json[:2]
+    assert any_app.get("/plants?limit=0", headers=AUTH, status=200).json == []
+    assert any_app.get(f"/plants?limit={2**31 - 1}&colour=green", headers=AUTH, status=200).json == response.json
+
+
+@pytest.mark.parametrize("query", ["limit=-1", "limit=abc", "limit=", "limit=1.5", "limit=2147483648", "limit=+1",
+                                   "limit=%201", "limit=1&limit=2", "limit=1e3", "limit=99999999999999999999999"])
+def test_get_with_a_bad_limit_is_400(any_app, query):
+    assert_error(any_app.get(f"/plants?{query}", headers=AUTH, status=400, expect_errors=True), 400, "'limit'")
+
+
+def test_delete_answers_204_and_the_id_can_be_created_again(any_app):
+    post(any_app, {"id": 5, "name": "Rose"}, 200)
+    post(any_app, {"id": 6, "name": "Tulip"}, 200)
+    response = any_app.delete("/plants/5", headers=AUTH, status=204)
+    assert response.body == b"" and "Content-Type" not in response.headers
+    assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}]
+    assert_error(any_app.delete("/plants/5", headers=AUTH, status=404, expect_errors=True), 404, "'id'")
+    post(any_app, {"id": 5, "name": "Rose again"}, 200)
+    assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}, {"name": "Rose again"}]
+
+
+@pytest.mark.parametrize("plant_id", ["abc", "1.0", "+1", "01", "1e3", "%20", "9223372036854775808",
+                                      "-9223372036854775809", "99999999999999999999999", "--1", "0x1"])
+def test_delete_with_an_id_that_is_no_int64_is_400(any_app, plant_id):
+    assert_error(any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=400, expect_errors=True), 400, "'id'")
+
+
+@pytest.mark.parametrize("plant_id", [str(INT64_MAX), str(INT64_MIN), "0", "-0"])
+def test_delete_accepts_the_int64_range(any_app, plant_id):
+    post(any_app, {"id": int(plant_id), "name": "Edge"}, 200)
+    any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=204)
+    assert any_app.get("/plants", headers=AUTH, status=200).json == []
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/plants"), ("DELETE", "/plants/1"), ("DELETE", "/plants/abc")])
+@pytest.mark.parametrize("headers, error", BAD_AUTH[:1] + BAD_AUTH[6:7])
+def test_read_and_delete_need_the_token(any_app, method, path, headers, error):
+    response = any_app.request(path, method=method, headers=headers, status=401, expect_errors=True)
+    assert_error(response, 401)
+    assert ('error="invalid_token"' in response.headers["WWW-Authenticate"]) == (error == "invalid_token")
+
+
+# ---- The SQLite store across processes and restarts ----
+
+def test_sqlite_store_finds_every_plant_after_a_restart(tmp_path):
+    first = SQLiteStore(tmp_path / "plants.sqlite3")
+    for i in range(20):
+        first.add(i, f"p{i}", "t" if i % 2 else None)
+    first.delete(3)
+    again = SQLiteStore(tmp_path / "plants.sqlite3")
+    assert again.list() == [(f"p{i}", "t" if i % 2 else None) for i in range(20) if i != 3]
+    assert again.add(0, "dup", None) is False
+
+
+WRITER = """
+import sys, threading
+from plantstore import SQLiteStore
+store, results = SQLiteStore(sys.argv[1]), []
+def write(n):
+    for plant_id in range(40):
+        results.append(store.add((plant_id * 7 + n) % 40, f"writer {sys.argv[2]}", None))
+threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(results.count(True))
+"""
+
+
+def test_sqlite_store_catches_duplicates_across_processes(tmp_path, spawn):
+    path = str(tmp_path / "plants.sqlite3")
+    SQLiteStore(path)
+    writers = [spawn([sys.executable, "-c", WRITER, path, str(n)], environ_without_tokens()) for n in range(4)]
+    created = []
+    for writer in writers:
+        assert writer.wait(WAIT * 2) == 0, writer.stderr.read()
+        created.append(int(writer.stdout.read()))
+    assert sum(created) == 40  # 4 processes x 4 threads tried every id: each was created once
+    assert len(SQLiteStore(path).list()) == 40
+
+
+@pytest.mark.parametrize("content", [b"this is not a database" * 100, b""], ids=["garbage", "empty-file-ok"])
+def test_sqlite_store_refuses_a_file_that_is_not_its_database(tmp_path, content):
+    path = tmp_path / "plants.sqlite3"
+    path.write_bytes(content)
+    if content:
+        with pytest.raises(ValueError, match="is not a plantstore database"):
+            SQLiteStore(path)
+    else:
+        assert SQLiteStore(path).list() == []
+
+
+def test_sqlite_store_refuses_a_foreign_plants_table(tmp_path):
+    path = tmp_path / "plants.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE plants (name TEXT)")
+    with pytest.raises(ValueError, match="did not make"):
+        SQLiteStore(path)
+
+
+def test_python_plantstore_py_refuses_a_bad_database_in_one_line(spawn, tmp_path):
+    (tmp_path / "bad.db").write_bytes(b"garbage" * 100)
+    process = spawn([sys.executable, "plantstore.py", "--port", "0"],
+                    environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "bad.db")))
+    assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert "is not a plantstore database" in err and "Traceback" not in err
+
+
+def test_kill_9_loses_no_answered_plant(spawn, tmp_path):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"))
+
+    def serve():
+        process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
+        return process, Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+
+    process, (host, port) = serve()
+    for i in range(30):
+        assert post_over_http(host, port, TOKEN, {"id": i, "name": f"p{i}"})[0] == 200
+    os.killpg(process.pid, signal.SIGKILL)  # the moment after the last 200
+    process.wait(WAIT)
+    _, (host, port) = serve()
+    assert over_http(host, port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{i}"} for i in range(30)])
+
+
+def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
+    """20 ids each raced by 16 requests across 3 worker processes: 20 created, 300 conflicts, all kept."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"))
+
+    def serve():
+        process = spawn([sys.executable, "-m", "gunicorn", "-w", "3", "--threads", "4", "-b", "127.0.0.1:0",
+                         "plantstore:app"], env)
+        err = Lines(process.stderr)
+        address = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
+        for _ in range(3):
+            err.until(r"Booting worker")
+        return process, address
+
+    process, (host, port) = serve()
+    attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
+    statuses = in_threads(len(attempts), lambda k: post_over_http(
+        host, port, TOKEN, {"id": attempts[k][0], "name": f"id {attempts[k][0]} by racer {attempts[k][1]}"})[0])
+    assert sorted(statuses) == [200] * 20 + [409] * 300
+    status, listed = over_http(host, port, TOKEN, "GET", "/plants")
+    assert status == 200 and sorted(int(p["name"].split()[1]) for p in listed) == list(range(20))
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(WAIT)
+    _, (host, port) = serve()
+    assert over_http(host, port, TOKEN, "GET", "/plants") == (200, listed)
 
 
 # ---- The embedded server, over real sockets ----
@@ -704,7 +906,7 @@ def test_embedded_server_creates_a_plant(served, store):
     assert (status, body) == (200, {"name": "Fern", "tag": "indoor"})
     assert headers["Content-Type"] == "application/json"
     assert "Connection" not in headers or headers["Connection"].lower() == "close"
-    assert store.get(1) == ("Fern", "indoor")
+    assert stored(store).get(1) == ("Fern", "indoor")
 
 
 def test_a_stalled_client_does_not_delay_another(served, store):
@@ -714,7 +916,7 @@ def test_a_stalled_client_does_not_delay_another(served, store):
         stalled.sendall(raw_request(b'{"id": 1, ', content_length=100))
         # ...while another client is answered in full (its own timeout is well below the server's).
         assert http_post(server, {"id": 2, "name": "Quick"})[0] == 200
-    assert store.get(2) == ("Quick", None) and store.get(1) is None
+    assert stored(store).get(2) == ("Quick", None) and stored(store).get(1) is None
 
 
 def test_a_stalled_client_is_answered_408_after_the_timeout(served, store):
@@ -723,7 +925,7 @@ def test_a_stalled_client_is_answered_408_after_the_timeout(served, store):
         stalled.sendall(raw_request(b'{"id": 1, ', content_length=100))
         status, body = read_status(stalled)
     assert status == 408 and body["error"] == 408
-    assert len(store) == 0
+    assert len(stored(store)) == 0
 
 
 def test_a_silent_connection_is_closed_after_the_timeout(served):
@@ -749,7 +951,7 @@ def test_64_simultaneous_connections_are_all_answered(served, store):
         for sock in sockets:
             sock.close()
     assert statuses == [200] * 64
-    assert len(store) == 64
+    assert len(stored(store)) == 64
 
 
 def test_an_oversized_body_gets_its_413_not_a_reset(served):
@@ -819,7 +1021,7 @@ class Lines:
 
 
 def environ_without_tokens(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PLANTSTORE_TOKENS", "WEB_CONCURRENCY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PLANTSTORE_TOKENS", "PLANTSTORE_DB", "WEB_CONCURRENCY")}
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
@@ -829,27 +1031,35 @@ def spawn():
     processes = []
 
     def start(args, env):
-        process = subprocess.Popen(args, cwd=HERE, env=env, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(args, cwd=HERE, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         processes.append(process)
         return process
 
     yield start
     for process in processes:
-        if process.poll() is None:
-            process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # the process and any workers it forked
+        except ProcessLookupError:
+            pass
         process.wait(WAIT)
         process.stdout.close()
         process.stderr.close()
 
 
 def post_over_http(host, port, token, document):
+    return over_http(host, port, token, "POST", "/plants", document)
+
+
+def over_http(host, port, token, method, path, document=None):
+    """Send one request; return (status, decoded JSON body or None)."""
     connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
     try:
-        connection.request("POST", "/plants", json.dumps(document),
-                           {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        body = None if document is None else json.dumps(document)
+        connection.request(method, path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
         response = connection.getresponse()
-        return response.status, json.loads(response.read())
+        data = response.read()
+        return response.status, json.loads(data) if data else None
     finally:
         connection.close()
 

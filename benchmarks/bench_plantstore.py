@@ -260,7 +260,7 @@ def bench_memory(plants):
     environ = body = None
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(store) == plants
+    assert len(store.list()) == plants
     return (after - before) / plants
 
 
