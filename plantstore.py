@@ -35,6 +35,7 @@ laptop or behind a proxy; use gunicorn when it faces real traffic.
 
 import argparse
 import hmac
+import itertools
 import json
 import os
 import re
@@ -114,11 +115,10 @@ def read_body(environ, limit):
         raise HTTPError(408, "the request body did not arrive in time") from None
     except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
-    if len(body) != size:
-        if length is not None:
-            raise HTTPError(400, "request body is shorter than its Content-Length")
-    elif length is None:
+    if length is None and len(body) > limit:  # the chunked body was over the limit
         raise HTTPError(413, f"request body is larger than {limit} bytes")
+    if length is not None and len(body) < length:
+        raise HTTPError(400, "request body is shorter than its Content-Length")
     return body
 
 
@@ -267,7 +267,7 @@ class PlantStore:
     def list(self, limit=None):
         """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
         with self._lock:  # a copy, taken whole: another thread may add meanwhile
-            return list(self._plants.values())[:limit]
+            return list(itertools.islice(self._plants.values(), limit))
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -373,22 +373,23 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         return 200, plant_json(name, tag)
 
     def list_plants(environ, _):
-        return 200, b"[" + b", ".join(plant_json(name, tag) for name, tag in store.list(query_limit(environ))) + b"]"
+        plants = store.list(query_limit(environ))
+        return 200, b"[" + b", ".join(plant_json(name, tag) for name, tag in plants) + b"]"
 
     def delete_plant(environ, plant_id):
         if not store.delete(path_id(plant_id)):
             raise HTTPError(404, "no plant has this 'id'")
         return 204, b""
 
-    plants, plant = {"GET": list_plants, "POST": create_plant}, {"DELETE": delete_plant}
+    collection, item = {"GET": list_plants, "POST": create_plant}, {"DELETE": delete_plant}
 
     def respond(environ):
         """Route, authenticate and run one request; return its status and body."""
         path = environ.get("PATH_INFO", "")
         if path == "/plants":
-            methods, plant_id = plants, None
+            methods, plant_id = collection, None
         elif path.startswith("/plants/") and path.count("/") == 2 and path != "/plants/":
-            methods, plant_id = plant, path[8:]
+            methods, plant_id = item, path[8:]
         else:
             raise HTTPError(404, "not found: the routes are /plants and /plants/{id}")
         handler = methods.get(environ["REQUEST_METHOD"])
