@@ -230,10 +230,11 @@ def as_int64(value):
 
 
 def path_id(text):
-    """Return the {id} of /plants/{id} as an int64, or raise a 400: decimal digits, an optional minus."""
-    if not _INTEGER.fullmatch(text):
+    """Return the {id} of /plants/{id} as an int64 (7 and 7.0 alike, as in a body), or raise a 400."""
+    value = _integer(text)
+    if value is None:
         raise HTTPError(400, "'id' in the path must be an integer")
-    return as_int64(int(text))
+    return as_int64(value)
 
 
 def query_limit(environ):
@@ -241,12 +242,25 @@ def query_limit(environ):
     values = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).get("limit")
     if values is None:
         return None
-    if len(values) != 1 or not _INTEGER.fullmatch(values[0]) or not 0 <= int(values[0]) <= INT32_MAX:
+    value = _integer(values[0]) if len(values) == 1 else None
+    if value is None or not 0 <= value <= INT32_MAX:
         raise HTTPError(400, f"'limit' must be one integer from 0 to {INT32_MAX}")
-    return int(values[0])
+    return int(value)
 
 
-_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")  # 19 digits at most: never a huge int()
+def _integer(text):
+    """A path or query value written as a JSON number that is an integer, as an exact Decimal; else None."""
+    if _JSON_NUMBER.fullmatch(text):
+        try:
+            value = Decimal(text)
+        except ArithmeticError:  # an exponent beyond Decimal's range
+            return None
+        if value == value.to_integral_value():
+            return value
+    return None
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 
 
 # ---- The store ----
@@ -349,6 +363,73 @@ def error_json(status, message):
     return f'{{"error": {status}, "message": {_quote(message)}}}'.encode("ascii")
 
 
+# ---- The OpenAPI document the service serves at /openapi.json ----
+
+def _json_content(schema):
+    return {JSON_TYPE: {"schema": schema}}
+
+
+def _responses(*statuses, **answers):
+    """The answers of one operation: errors by status (see components below), then the rest."""
+    return {**answers, **{str(status): {"$ref": f"#/components/responses/Error{status}"} for status in statuses}}
+
+
+_PLANT = {"$ref": "#/components/schemas/Plant"}
+_ERROR_TEXT = {400: "The request is not valid: the message names the field and the rule",
+               401: "The bearer token is missing or not accepted", 404: "No plant has this id",
+               408: "The request body did not arrive in time", 409: "A plant with this id already exists",
+               413: "The request body is larger than the limit", 415: "The body is not application/json",
+               405: "This path does not have this method", 500: "The server failed; nothing was changed by it"}
+_ERROR_HEADERS = {401: "WWW-Authenticate", 405: "Allow", 415: "Accept"}
+
+OPENAPI = {
+    "openapi": "3.1.0",
+    "info": {"title": "Plant Store", "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}},
+    "security": [{"bearerAuth": []}],
+    "paths": {
+        "/plants": {
+            "get": {"description": "Lists plants, oldest first",
+                    "parameters": [{"name": "limit", "in": "query", "description": "How many plants at most",
+                                    "schema": {"type": "integer", "format": "int32", "minimum": 0}}],
+                    "responses": _responses(400, 401, 500, **{"200": {
+                        "description": "The plants", "content": _json_content({"type": "array", "items": _PLANT})}})},
+            "post": {"description": "Creates a new plant in the store",
+                     "requestBody": {"description": "Plant to add to the store", "required": True,
+                                     "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
+                     "responses": _responses(400, 401, 408, 409, 413, 415, 500, **{"200": {
+                         "description": "plant response", "content": _json_content(_PLANT)}})},
+        },
+        "/plants/{id}": {
+            "delete": {"description": "Deletes a plant",
+                       "parameters": [{"name": "id", "in": "path", "required": True, "description": "Plant id",
+                                       "schema": {"type": "integer", "format": "int64"}}],
+                       "responses": _responses(400, 401, 404, 500, **{"204": {"description": "Plant deleted"}})},
+        },
+        "/openapi.json": {
+            "get": {"description": "This document; the one request that needs no token", "security": [],
+                    "responses": {"200": {"description": "The OpenAPI document",
+                                          "content": _json_content({"type": "object"})}}},
+        },
+    },
+    "components": {
+        "schemas": {  # the specification's own, unchanged
+            "Plant": {"type": "object", "required": ["name"], "properties": {
+                "name": {"description": "The name of the plant", "type": "string"},
+                "tag": {"description": "Tag to specify the type", "type": "string"}}},
+            "NewPlant": {"allOf": [_PLANT, {"type": "object", "required": ["id"], "properties": {
+                "id": {"description": "Identification number of the plant", "type": "integer", "format": "int64"}}}]},
+            "Error": {"type": "object", "required": ["error", "message"], "properties": {
+                "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}},
+        },
+        "responses": {f"Error{status}": {
+            "description": text, "content": _json_content({"$ref": "#/components/schemas/Error"}),
+            **({"headers": {_ERROR_HEADERS[status]: {"schema": {"type": "string"}}}} if status in _ERROR_HEADERS else {}),
+        } for status, text in _ERROR_TEXT.items()},
+        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+    },
+}
+
+
 # ---- The WSGI application ----
 
 def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
@@ -381,22 +462,27 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
             raise HTTPError(404, "no plant has this 'id'")
         return 204, b""
 
+    document = json.dumps(OPENAPI, indent=2).encode("ascii")
     collection, item = {"GET": list_plants, "POST": create_plant}, {"DELETE": delete_plant}
+    public = {"GET": lambda environ, _: (200, document)}  # /openapi.json, the one route without a token
 
     def respond(environ):
         """Route, authenticate and run one request; return its status and body."""
         path = environ.get("PATH_INFO", "")
         if path == "/plants":
             methods, plant_id = collection, None
+        elif path == "/openapi.json":
+            methods, plant_id = public, None
         elif path.startswith("/plants/") and path.count("/") == 2 and path != "/plants/":
             methods, plant_id = item, path[8:]
         else:
-            raise HTTPError(404, "not found: the routes are /plants and /plants/{id}")
+            raise HTTPError(404, "not found: the routes are /plants, /plants/{id} and /openapi.json")
         handler = methods.get(environ["REQUEST_METHOD"])
         if handler is None:
             allow = ", ".join(methods)
             raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
-        check_bearer(environ, accepted)
+        if methods is not public:
+            check_bearer(environ, accepted)
         return handler(environ, plant_id)
 
     def application(environ, start_response):

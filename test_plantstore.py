@@ -18,7 +18,10 @@ from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
 
+import hypothesis
+import openapi_spec_validator
 import pytest
+import schemathesis
 import webtest
 
 import plantstore
@@ -83,7 +86,7 @@ def call(application, *, method="POST", path="/plants", body=b"", environ=None, 
     finally:
         getattr(chunks, "close", lambda: None)()
     status, headers = started[0]
-    return int(status.split()[0]), dict(headers), json.loads(data)
+    return int(status.split()[0]), dict(headers), json.loads(data) if data else None
 
 
 # ---- Creating a plant ----
@@ -696,10 +699,13 @@ def test_get_lists_plants_oldest_first_without_ids(any_app):
     assert any_app.get("/plants?limit=2", headers=AUTH, status=200).json == response.json[:2]
     assert any_app.get("/plants?limit=0", headers=AUTH, status=200).json == []
     assert any_app.get(f"/plants?limit={2**31 - 1}&colour=green", headers=AUTH, status=200).json == response.json
+    assert any_app.get("/plants?limit=1.0", headers=AUTH, status=200).json == response.json[:1]  # an integer, as in JSON
+    assert any_app.get("/plants?limit=2E0", headers=AUTH, status=200).json == response.json[:2]
 
 
 @pytest.mark.parametrize("query", ["limit=-1", "limit=abc", "limit=", "limit=1.5", "limit=2147483648", "limit=+1",
-                                   "limit=%201", "limit=1&limit=2", "limit=1e3", "limit=99999999999999999999999"])
+                                   "limit=%201", "limit=1&limit=2", "limit=1e400", "limit=99999999999999999999999",
+                                   "limit=01", "limit=NaN", "limit=1E+9999999999999999999999"])
 def test_get_with_a_bad_limit_is_400(any_app, query):
     assert_error(any_app.get(f"/plants?{query}", headers=AUTH, status=400, expect_errors=True), 400, "'limit'")
 
@@ -715,15 +721,18 @@ def test_delete_answers_204_and_the_id_can_be_created_again(any_app):
     assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}, {"name": "Rose again"}]
 
 
-@pytest.mark.parametrize("plant_id", ["abc", "1.0", "+1", "01", "1e3", "%20", "9223372036854775808",
-                                      "-9223372036854775809", "99999999999999999999999", "--1", "0x1"])
+@pytest.mark.parametrize("plant_id", ["abc", "1.5", "+1", "01", "1e400", "%20", "9223372036854775808",
+                                      "-9223372036854775809", "99999999999999999999999", "--1", "0x1", "NaN",
+                                      "1E+9999999999999999999999", "1.", ".5", "true"])
 def test_delete_with_an_id_that_is_no_int64_is_400(any_app, plant_id):
     assert_error(any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=400, expect_errors=True), 400, "'id'")
 
 
-@pytest.mark.parametrize("plant_id", [str(INT64_MAX), str(INT64_MIN), "0", "-0"])
-def test_delete_accepts_the_int64_range(any_app, plant_id):
-    post(any_app, {"id": int(plant_id), "name": "Edge"}, 200)
+@pytest.mark.parametrize("plant_id, stored_id", [(str(INT64_MAX), INT64_MAX), (str(INT64_MIN), INT64_MIN), ("0", 0),
+                                                 ("-0", 0), ("7.0", 7), ("7E0", 7), ("70e-1", 7),
+                                                 ("9223372036854775807.0", INT64_MAX)])
+def test_delete_accepts_the_int64_range_as_json_does(any_app, plant_id, stored_id):
+    post(any_app, {"id": stored_id, "name": "Edge"}, 200)
     any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=204)
     assert any_app.get("/plants", headers=AUTH, status=200).json == []
 
@@ -842,6 +851,114 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
     process.wait(WAIT)
     _, (host, port) = serve()
     assert over_http(host, port, TOKEN, "GET", "/plants") == (200, listed)
+
+
+# ---- The OpenAPI document, and schemathesis against it ----
+
+def test_openapi_document_is_served_without_a_token_and_is_valid(app):
+    response = app.get("/openapi.json", status=200)
+    assert response.content_type == "application/json"
+    assert response.json == plantstore.OPENAPI
+    openapi_spec_validator.validate(response.json)  # raises unless it is valid OpenAPI 3.1
+    assert response.json["openapi"] == "3.1.0"
+    assert response.json["info"] == {"title": "Plant Store", "version": "1.0.0",
+                                     "license": {"name": "MIT", "identifier": "MIT"}}
+    assert response.json["security"] == [{"bearerAuth": []}]
+    assert response.json["components"]["securitySchemes"] == {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+    other = app.post("/openapi.json", status=405, expect_errors=True)
+    assert other.headers["Allow"] == "GET" and "WWW-Authenticate" not in other.headers
+
+
+def test_openapi_document_keeps_the_specification_schemas():
+    schemas = plantstore.OPENAPI["components"]["schemas"]
+    assert schemas["Plant"]["required"] == ["name"]
+    assert {k: v["type"] for k, v in schemas["Plant"]["properties"].items()} == {"name": "string", "tag": "string"}
+    assert schemas["NewPlant"]["allOf"][0] == {"$ref": "#/components/schemas/Plant"}
+    assert schemas["NewPlant"]["allOf"][1]["required"] == ["id"]
+    assert schemas["NewPlant"]["allOf"][1]["properties"]["id"] == {
+        "description": "Identification number of the plant", "type": "integer", "format": "int64"}
+    assert schemas["Error"] == {"type": "object", "required": ["error", "message"], "properties": {
+        "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}}
+
+
+def documented(method, path, status):
+    """The document's answer for that status of that operation, with component references followed."""
+    answer = plantstore.OPENAPI["paths"][path][method.lower()]["responses"].get(str(status))
+    if answer and "$ref" in answer:
+        answer = plantstore.OPENAPI["components"]["responses"][answer["$ref"].rsplit("/", 1)[1]]
+    return answer
+
+
+# Every status each operation can send, each brought about once: (operation, request, status, header).
+PLANT = json.dumps({"id": 1, "name": "Fern"}).encode()
+STATUS_CASES = [
+    (("POST", "/plants"), dict(body=PLANT), 200, None),
+    (("POST", "/plants"), dict(body=b"[]"), 400, None),
+    (("POST", "/plants"), dict(body=PLANT, environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
+    (("POST", "/plants"), dict(environ={"wsgi.input": FailingInput(TimeoutError()), "CONTENT_LENGTH": "9"}), 408, None),
+    (("POST", "/plants"), dict(body=PLANT, store=["taken"]), 409, None),
+    (("POST", "/plants"), dict(body=b" " * (MAX_BODY_BYTES + 1)), 413, None),
+    (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}), 415, "Accept"),
+    (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}), 400, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
+    (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store=["taken"]), 204, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/x"), 400, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}), 401,
+     "WWW-Authenticate"),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1"), 404, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="broken"), 500, None),
+    (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
+]
+
+
+class BrokenEverywhereStore:
+    def add(self, *args):
+        raise RuntimeError("down")
+
+    list = delete = add
+
+
+@pytest.mark.parametrize("operation, request_kwargs, status, header", STATUS_CASES,
+                         ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES])
+def test_every_status_an_operation_sends_is_in_the_document(operation, request_kwargs, status, header):
+    kwargs = dict(request_kwargs)
+    given = kwargs.pop("store", None)
+    store = BrokenEverywhereStore() if given == "broken" else PlantStore()
+    if given == ["taken"]:
+        store.add(1, "Taken", None)
+    kwargs["environ"] = {**kwargs.get("environ", {}), "wsgi.errors": io.StringIO()}
+    got, headers, _ = call(make_app([TOKEN], store=store), **kwargs)
+    assert got == status
+    answer = documented(*operation, status)
+    assert answer is not None, f"{operation} sends {status}, which its document does not list"
+    if header:
+        assert header in headers and header in answer["headers"]
+
+
+def test_the_document_lists_no_status_an_operation_never_sends():
+    for path, operations in plantstore.OPENAPI["paths"].items():
+        for method, operation in operations.items():
+            sent = {status for op, _, status, _ in STATUS_CASES if op == (method.upper(), path)}
+            assert {int(status) for status in operation["responses"]} == sent, (method, path)
+
+
+def test_405_is_documented_with_its_allow_header():
+    assert "Allow" in plantstore.OPENAPI["components"]["responses"]["Error405"]["headers"]
+
+
+SCHEMA = schemathesis.openapi.from_wsgi("/openapi.json", make_app([TOKEN]))
+SCHEMA.config.update(headers=AUTH)  # as `st run -H`: schemathesis knows the token and still tries without it
+
+
+@SCHEMA.parametrize()
+@hypothesis.settings(max_examples=30, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+def test_schemathesis_finds_no_failure(case):
+    """Every check, positive and negative data, a fixed seed, in process against the served document."""
+    case.call_and_validate()
 
 
 # ---- The embedded server, over real sockets ----
