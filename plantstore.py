@@ -1,29 +1,34 @@
 """The Plant Store API in one file, on the Python standard library alone.
 
-One operation, ``POST /plants``: a NewPlant JSON object in (``id``, ``name``,
-optional ``tag``), the stored Plant out (``name``, ``tag``; no ``id``), or an
-Error object ``{"error": <status>, "message": ...}``. Every request needs
-``Authorization: Bearer <token>`` except ``GET /openapi.json``, which answers
-the OpenAPI 3.1 document of the service as it is, every status included.
+``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional
+``tag``) and answers the stored Plant (``name``, ``tag``; no ``id``);
+``GET /plants?limit=N`` lists plants, oldest first; ``DELETE /plants/{id}``
+removes one. Errors are ``{"error": <status>, "message": ...}``. Every request
+needs ``Authorization: Bearer <token>`` except ``GET /openapi.json``, which
+answers the OpenAPI 3.1 document of the service as it is, every status included.
 
 Three ways to run it:
 
     python plantstore.py [--host H] [--port P]    # the embedded server below
     gunicorn -w 1 --threads 8 plantstore:app       # production (pip install .[server])
+    PLANTSTORE_DB=plants.sqlite3 gunicorn -w 4 --threads 4 plantstore:app
     make_app(tokens, store=..., max_body_bytes=...)  # inside another WSGI stack
 
 Settings come from the environment: ``PLANTSTORE_TOKENS`` holds the accepted
 bearer tokens, comma-separated. Left unset, ``python plantstore.py`` makes up
 one token and prints it once; ``gunicorn plantstore:app`` refuses to boot.
-Importing this module reads, prints and generates nothing.
+``PLANTSTORE_DB=/path/to/plants.sqlite3`` keeps the plants in SQLite instead of
+memory. Importing this module reads, prints and generates nothing.
 
-A store is any object with ``add(plant_id, name, tag) -> bool``: insert the
-plant atomically and return True, or return False, changing nothing, when the
-id is taken. ``tag`` is None when the plant has none.
+A store is any object with these methods (``tag`` is None when there is none):
+``add(plant_id, name, tag) -> bool`` inserts atomically and returns False,
+changing nothing, when the id is taken; ``list(limit) -> list`` returns up to
+``limit`` (None: all) ``(name, tag)`` pairs, oldest first; ``delete(plant_id)
+-> bool`` removes the plant and returns False when there was none.
 
 The one thing people get wrong: the default ``PlantStore`` lives in the memory
 of one process. Several gunicorn workers would each hold a separate store, so
-run one worker with threads, and pass a shared store when that is not enough.
+run one worker with threads, or set ``PLANTSTORE_DB`` and run several.
 
 The embedded server is wsgiref made threaded: a reference server, fine on a
 laptop or behind a proxy; use gunicorn when it faces real traffic.
@@ -31,29 +36,33 @@ laptop or behind a proxy; use gunicorn when it faces real traffic.
 
 import argparse
 import hmac
+import itertools
 import json
 import os
 import re
 import secrets
 import socket
 import socketserver
+import sqlite3
 import sys
 import threading
 import time
 import traceback
 from decimal import Decimal
 from http import HTTPStatus
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 __version__ = "1.0.0"
 # `app` is left out on purpose: it is built from the environment on first use.
-__all__ = ["HTTPError", "OPENAPI", "PlantStore", "make_app", "make_server", "main"]
+__all__ = ["HTTPError", "OPENAPI", "PlantStore", "SQLiteStore", "make_app", "make_server", "main"]
 
-TOKENS_VARIABLE = "PLANTSTORE_TOKENS"
+TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
@@ -61,7 +70,7 @@ _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in H
 # ---- Errors: raised anywhere, rendered in one place (the application) ----
 
 class HTTPError(Exception):
-    """An answer other than 200: a status, a message for the Error body, extra headers."""
+    """An error answer: a status, a message for the Error body, extra headers."""
 
     def __init__(self, status, message, *, headers=()):
         super().__init__(message)
@@ -198,7 +207,7 @@ def parse_new_plant(document):
         raise HTTPError(400, "request body must be a JSON object (a NewPlant)")
     if "id" not in document:
         raise HTTPError(400, "'id' is required")
-    plant_id = as_int64(document["id"])
+    plant_id = as_integer(document["id"], "id")
     if "name" not in document:
         raise HTTPError(400, "'name' is required")
     name, tag = document["name"], document.get("tag")
@@ -209,16 +218,38 @@ def parse_new_plant(document):
     return plant_id, name, tag  # other fields are ignored, and not stored
 
 
-def as_int64(value):
-    """Return the id as an int in int64, JSON Schema's way: 7.0 is the integer 7, true is not an integer."""
+def as_integer(value, name, low=INT64_MIN, high=INT64_MAX, kind="int64"):
+    """Return value as an int from low to high, JSON Schema's way: 7.0 is the integer 7, true is not one."""
     if type(value) is not int:
         if not (type(value) is Decimal and value == value.to_integral_value()):
-            raise HTTPError(400, "'id' must be an integer")
-        if INT64_MIN <= value <= INT64_MAX:  # compared first: 1e400 never becomes a huge int
+            raise HTTPError(400, f"'{name}' must be an integer")
+        if low <= value <= high:  # compared first: 1e400 never becomes a huge int
             value = int(value)
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise HTTPError(400, f"'id' must be between {INT64_MIN} and {INT64_MAX} (int64)")
+    if not low <= value <= high:
+        raise HTTPError(400, f"'{name}' must be an integer from {low} to {high} ({kind})")
     return value
+
+
+def url_integer(text, name, *limits):
+    """Read an integer in the path or the query as a JSON number, as in a body: 7 and 7.0 alike."""
+    try:
+        value = Decimal(text) if _JSON_NUMBER.fullmatch(text) else None
+    except ArithmeticError:  # an exponent beyond even Decimal's range
+        value = None
+    return as_integer(value, name, *limits)
+
+
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+
+
+def query_limit(environ):
+    """Return the `limit` query parameter: None when absent, else one integer from 0 to INT32_MAX."""
+    values = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).get("limit")
+    if values is None:
+        return None
+    if len(values) > 1:
+        raise HTTPError(400, "'limit' may be given once")
+    return url_integer(values[0], "limit", 0, INT32_MAX, "int32")
 
 
 # ---- The store ----
@@ -235,6 +266,71 @@ class PlantStore:
         plant = (name, tag if tag is None else sys.intern(tag))  # tags repeat: keep one of each
         with self._lock:
             return self._plants.setdefault(plant_id, plant) is plant
+
+    def list(self, limit=None):
+        """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
+        with self._lock:  # a copy, taken whole: another thread may add meanwhile
+            return list(itertools.islice(self._plants.values(), limit))
+
+    def delete(self, plant_id):
+        """Remove the plant and return True, or return False if there was none."""
+        with self._lock:
+            return self._plants.pop(plant_id, None) is not None
+
+
+class SQLiteStore:
+    """Plants in an SQLite file: a 200 means committed, ids are unique across processes, restarts lose nothing."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._local = threading.local()
+        try:  # a file that is not a plantstore database fails here, at start-up, not per request
+            db = self._connect()
+            db.execute("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+                       " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)")
+            columns = [row[1] for row in db.execute("PRAGMA table_info(plants)")]
+            db.close()
+        except sqlite3.Error as error:
+            raise ValueError(f"{self.path} is not a plantstore database: {error}") from None
+        if columns != ["seq", "id", "name", "tag"]:
+            raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
+
+    def _connect(self):
+        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)  # autocommit; wait on writers
+        db.execute("PRAGMA journal_mode=WAL")  # readers and a writer at once
+        db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
+        return db
+
+    def _db(self):
+        """This thread's connection, made in this process: connections are not shared across either."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            local.db, local.pid = self._connect(), os.getpid()
+        return local.db
+
+    def add(self, plant_id, name, tag):
+        try:
+            self._db().execute("INSERT INTO plants (id, name, tag) VALUES (?, ?, ?)",
+                               (plant_id, _utf8(name), None if tag is None else _utf8(tag)))
+        except sqlite3.IntegrityError:  # the id is taken: the database keeps ids unique
+            return False
+        return True
+
+    def list(self, limit=None):
+        rows = self._db().execute("SELECT name, tag FROM plants ORDER BY seq LIMIT ?",
+                                  (-1 if limit is None else limit,))
+        return [(_text(name), None if tag is None else _text(tag)) for name, tag in rows]
+
+    def delete(self, plant_id):
+        return self._db().execute("DELETE FROM plants WHERE id = ?", (plant_id,)).rowcount == 1
+
+
+def _utf8(text):
+    return text.encode("utf-8", "surrogatepass")  # any JSON string, a lone surrogate too
+
+
+def _text(data):
+    return data.decode("utf-8", "surrogatepass")
 
 
 # ---- Writing an answer ----
@@ -262,9 +358,18 @@ def _json_content(schema):
     return {JSON_TYPE: {"schema": schema}}
 
 
+def _responses(success, *errors):
+    """One operation's answers: its success, then its errors, each one of the component responses below."""
+    return {**success, **{str(status): {"$ref": f"#/components/responses/Error{status}"} for status in errors}}
+
+
+_PLANT = {"$ref": "#/components/schemas/Plant"}
+
+
 _ERRORS = {  # status: (description, the header that comes with it)
     400: ("The request is not valid; the message names the field and the rule", None),
     401: ("The bearer token is missing or not accepted", "WWW-Authenticate"),
+    404: ("No plant has this id", None),
     405: ("The path does not have this method", "Allow"),
     408: ("The request body did not arrive in time", None),
     409: ("A plant with this id already exists; it is left unchanged", None),
@@ -278,14 +383,28 @@ OPENAPI = {
     "info": {"title": "Plant Store", "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}},
     "security": [{"bearerAuth": []}],
     "paths": {
-        "/plants": {"post": {
-            "description": "Creates a new plant in the store",
-            "requestBody": {"description": "Plant to add to the store", "required": True,
-                            "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
-            "responses": {"200": {"description": "plant response",
-                                  "content": _json_content({"$ref": "#/components/schemas/Plant"})},
-                          **{str(status): {"$ref": f"#/components/responses/Error{status}"}
-                             for status in (400, 401, 408, 409, 413, 415, 500)}},
+        "/plants": {
+            "get": {
+                "description": "Lists plants, oldest first",
+                "parameters": [{"name": "limit", "in": "query", "description": "How many plants at most",
+                                "schema": {"type": "integer", "format": "int32", "minimum": 0}}],
+                "responses": _responses({"200": {"description": "The plants, oldest first",
+                                                 "content": _json_content({"type": "array", "items": _PLANT})}},
+                                        400, 401, 500),
+            },
+            "post": {
+                "description": "Creates a new plant in the store",
+                "requestBody": {"description": "Plant to add to the store", "required": True,
+                                "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
+                "responses": _responses({"200": {"description": "plant response", "content": _json_content(_PLANT)}},
+                                        400, 401, 408, 409, 413, 415, 500),
+            },
+        },
+        "/plants/{id}": {"delete": {
+            "description": "Deletes a plant; its id can be used again",
+            "parameters": [{"name": "id", "in": "path", "required": True, "description": "The plant's id",
+                            "schema": {"type": "integer", "format": "int64"}}],
+            "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500),
         }},
         "/openapi.json": {"get": {
             "description": "This document: the one request that needs no token", "security": [],
@@ -297,7 +416,7 @@ OPENAPI = {
             "Plant": {"type": "object", "required": ["name"], "properties": {
                 "name": {"description": "The name of the plant", "type": "string"},
                 "tag": {"description": "Tag to specify the type", "type": "string"}}},
-            "NewPlant": {"allOf": [{"$ref": "#/components/schemas/Plant"}, {
+            "NewPlant": {"allOf": [_PLANT, {
                 "type": "object", "required": ["id"], "properties": {"id": {
                     "description": "Identification number of the plant", "type": "integer", "format": "int64"}}}]},
             "Error": {"type": "object", "required": ["error", "message"], "properties": {
@@ -325,40 +444,64 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         raise ValueError("tokens must not be empty: plantstore never runs without authentication")
     if not all(isinstance(t, str) and t and t.isascii() and t.isprintable() and " " not in t
                for t in tokens):
-        raise ValueError("each token must be a non-empty string of printable ASCII without spaces")
+        raise ValueError(f"each token (as in {TOKENS_VARIABLE}) must be printable ASCII without spaces")
     if type(max_body_bytes) is not int or max_body_bytes < 0:
         raise ValueError("max_body_bytes must be a non-negative integer")
     accepted = [token.encode("ascii") for token in tokens]
     store = PlantStore() if store is None else store
     document = json.dumps(OPENAPI, indent=2).encode("ascii")
 
-    def respond(environ):
-        """Route, authenticate, read and store one request; return the body of its 200."""
-        path, method = environ.get("PATH_INFO"), environ["REQUEST_METHOD"]
-        if path == "/openapi.json":  # the one route anyone may read
-            if method != "GET":
-                raise HTTPError(405, "method not allowed: /openapi.json accepts GET", headers=[("Allow", "GET")])
-            return document
-        if path != "/plants":
-            raise HTTPError(404, "not found: the routes are /plants and /openapi.json")
-        if method != "POST":
-            raise HTTPError(405, "method not allowed: /plants accepts POST", headers=[("Allow", "POST")])
-        check_bearer(environ, accepted)
+    # Each handler takes the environ and the {id} of the path (None on other routes), and returns
+    # its status and body; anything else is an HTTPError.
+    def create_plant(environ, _):
         plant_id, name, tag = read_new_plant(read_body(environ, max_body_bytes))
         if not store.add(plant_id, name, tag):
             raise HTTPError(409, "a plant with this 'id' already exists")
-        return plant_json(name, tag)
+        return 200, plant_json(name, tag)
+
+    def list_plants(environ, _):
+        plants = store.list(query_limit(environ))
+        return 200, b"[" + b", ".join(plant_json(name, tag) for name, tag in plants) + b"]"
+
+    def delete_plant(environ, plant_id):
+        if not store.delete(url_integer(plant_id, "id")):
+            raise HTTPError(404, "no plant has this 'id'")
+        return 204, b""
+
+    def read_document(environ, _):  # the one handler anyone may call: tools read it before they have a token
+        return 200, document
+
+    routes = {"/plants": {"GET": list_plants, "POST": create_plant}, "/openapi.json": {"GET": read_document}}
+    plant_route = {"DELETE": delete_plant}  # /plants/{id}
+
+    def respond(environ):
+        """Route, authenticate and run one request; return its status and body."""
+        path, plant_id = environ.get("PATH_INFO", ""), None
+        methods = routes.get(path)
+        if methods is None:
+            plant_id = path[8:] if path.startswith("/plants/") else ""
+            if not plant_id or "/" in plant_id:
+                raise HTTPError(404, "not found: the routes are /plants, /plants/{id} and /openapi.json")
+            methods = plant_route
+        handler = methods.get(environ["REQUEST_METHOD"])
+        if handler is None:
+            allow = ", ".join(methods)
+            raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
+        if handler is not read_document:
+            check_bearer(environ, accepted)
+        return handler(environ, plant_id)
 
     def application(environ, start_response):
-        """Answer one request with a JSON body; never let an exception out."""
+        """Answer one request with a JSON body (204: none); never let an exception out."""
         try:
-            status, headers, body = 200, (), respond(environ)
+            status, body = respond(environ)
+            headers = ()
         except HTTPError as error:
             status, headers, body = error.status, error.headers, error_json(error.status, error.message)
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, headers, body = 500, (), error_json(500, "internal server error")
-        start_response(_STATUS_LINES[status], [
+        start_response(_STATUS_LINES[status], [] if status == 204 else [
             ("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers])
         return [body]
 
@@ -370,18 +513,27 @@ def tokens_from_environ(environ=os.environ):
     return [token.strip() for token in environ.get(TOKENS_VARIABLE, "").split(",") if token.strip()]
 
 
+def store_from_environ(environ=os.environ):
+    """Return an SQLiteStore when PLANTSTORE_DB names a file, else None (the in-memory store)."""
+    path = environ.get(DB_VARIABLE, "").strip()
+    return SQLiteStore(path) if path else None
+
+
 def __getattr__(name):
     """Build `app` for `gunicorn plantstore:app` on first use (PEP 562), not at import."""
     global app
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    tokens = tokens_from_environ()
-    if not tokens:
+    try:
+        tokens = tokens_from_environ()
+        if not tokens:
+            raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
+                             "comma-separated; plantstore never runs without authentication")
+        app = make_app(tokens, store=store_from_environ())
+    except ValueError as problem:
         # gunicorn prints its own AppImportError as one line and stops instead of booting.
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
-        raise error(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
-                    "comma-separated; plantstore never runs without authentication")
-    app = make_app(tokens)
+        raise error(str(problem)) from None
     return app
 
 
@@ -455,9 +607,9 @@ def main(argv=None):
         print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
               file=sys.stderr)
     try:
-        application = make_app(tokens)
-    except ValueError as error:
-        parser.error(f"{TOKENS_VARIABLE}: {error}")
+        application = make_app(tokens, store=store_from_environ())
+    except ValueError as error:  # a malformed token, or PLANTSTORE_DB naming a file that is no database
+        parser.error(str(error))
     try:
         server = make_server(args.host, args.port, application)
     except (OSError, OverflowError, ValueError) as error:

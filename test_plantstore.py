@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ import schemathesis
 import webtest
 
 import plantstore
-from plantstore import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, make_app, make_server
+from plantstore import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, SQLiteStore, make_app, make_server
 
 TOKEN = "test-token-1"
 OTHER_TOKEN = "test-token-2"
@@ -133,18 +134,23 @@ def test_lone_surrogate_in_name_is_stored_and_escaped(app, store):
 
 # ---- Routes and methods come before authentication ----
 
-@pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1", "/PLANTS", "/plants.json", "//plants"])
+@pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1/x", "/plants//1", "/PLANTS", "/plants.json",
+                                  "//plants", "/plants/1/"])
 def test_unknown_path_is_404_before_auth(app, path):
     response = app.post(path, "{}", content_type="application/json", status=404, expect_errors=True)
     assert_error(response, 404)
     assert "WWW-Authenticate" not in response.headers
 
 
-@pytest.mark.parametrize("method", ["GET", "PUT", "PATCH", "DELETE", "OPTIONS"])
-def test_other_methods_are_405_with_allow_before_auth(app, method):
-    response = app.request("/plants", method=method, status=405, expect_errors=True)
+@pytest.mark.parametrize("path, method, allow", [
+    ("/plants", "PUT", "GET, POST"), ("/plants", "PATCH", "GET, POST"), ("/plants", "DELETE", "GET, POST"),
+    ("/plants", "OPTIONS", "GET, POST"), ("/plants/1", "GET", "DELETE"), ("/plants/1", "POST", "DELETE"),
+    ("/plants/1", "PUT", "DELETE"), ("/plants/abc", "PATCH", "DELETE"),
+])
+def test_other_methods_are_405_with_allow_before_auth(app, path, method, allow):
+    response = app.request(path, method=method, status=405, expect_errors=True)
     assert_error(response, 405)
-    assert response.headers["Allow"] == "POST"
+    assert response.headers["Allow"] == allow
     assert "WWW-Authenticate" not in response.headers
 
 
@@ -559,8 +565,10 @@ def test_checks_run_in_the_contract_order(app, request_kwargs, status):
 # ---- Failures of the server's own making ----
 
 class BrokenStore:
-    def add(self, plant_id, name, tag):
+    def add(self, *args):
         raise RuntimeError("the disk is on fire")
+
+    list = delete = add
 
 
 def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
@@ -650,6 +658,203 @@ def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
     assert stored(store).get(42) == (f"racer-{statuses.index(200)}", None)
 
 
+# ---- Reading back and deleting, on both stores ----
+
+@pytest.fixture(params=["memory", "sqlite"])
+def any_store(request, tmp_path):
+    return PlantStore() if request.param == "memory" else SQLiteStore(tmp_path / "plants.sqlite3")
+
+
+@pytest.fixture
+def any_app(any_store):
+    return webtest.TestApp(make_app([TOKEN], store=any_store))
+
+
+def test_store_adds_lists_and_deletes(any_store):
+    assert any_store.add(1, "Fern", "indoor") is True
+    assert any_store.add(-5, "Cactus", None) is True
+    assert any_store.add(1, "Impostor", None) is False
+    assert any_store.add(INT64_MAX, "\ud800 lone", "caf\u00e9 \U0001f33f") is True
+    assert any_store.list() == [("Fern", "indoor"), ("Cactus", None), ("\ud800 lone", "caf\u00e9 \U0001f33f")]
+    assert any_store.list(0) == [] and any_store.list(2) == [("Fern", "indoor"), ("Cactus", None)]
+    assert any_store.delete(1) is True and any_store.delete(1) is False and any_store.delete(2) is False
+    assert any_store.add(1, "Fern again", None) is True  # a deleted id can be created again, and comes last
+    assert any_store.list() == [("Cactus", None), ("\ud800 lone", "caf\u00e9 \U0001f33f"), ("Fern again", None)]
+
+
+def test_store_under_threads(any_store):
+    created = in_threads(8, lambda n: [any_store.add(n * 25 + i, f"p{n * 25 + i}", None) for i in range(25)])
+    assert created == [[True] * 25] * 8
+    assert sorted(name for name, _ in any_store.list()) == sorted(f"p{i}" for i in range(200))
+    racers = in_threads(16, lambda n: any_store.add(1000, f"racer-{n}", None))
+    assert racers.count(True) == 1
+    assert any_store.list()[-1] == (f"racer-{racers.index(True)}", None)
+
+
+def test_get_lists_plants_oldest_first_without_ids(any_app):
+    assert any_app.get("/plants", headers=AUTH, status=200).json == []
+    for plant_id, name, tag in [(3, "Fern", "indoor"), (1, "Cactus", None), (2, "Ivy", "hanging")]:
+        post(any_app, {"id": plant_id, "name": name, **({"tag": tag} if tag else {})}, 200)
+    response = any_app.get("/plants", headers=AUTH, status=200)
+    assert response.content_type == "application/json"
+    assert response.json == [{"name": "Fern", "tag": "indoor"}, {"name": "Cactus"}, {"name": "Ivy", "tag": "hanging"}]
+    assert any_app.get("/plants?limit=2", headers=AUTH, status=200).json == response.json[:2]
+    assert any_app.get("/plants?limit=0", headers=AUTH, status=200).json == []
+    assert any_app.get(f"/plants?limit={2**31 - 1}&colour=green", headers=AUTH, status=200).json == response.json
+    assert any_app.get("/plants?limit=1.0", headers=AUTH, status=200).json == response.json[:1]  # an integer, as in JSON
+    assert any_app.get("/plants?limit=2E0", headers=AUTH, status=200).json == response.json[:2]
+
+
+@pytest.mark.parametrize("query", ["limit=-1", "limit=abc", "limit=", "limit=1.5", "limit=2147483648", "limit=+1",
+                                   "limit=%201", "limit=1&limit=2", "limit=1e400", "limit=99999999999999999999999",
+                                   "limit=01", "limit=NaN", "limit=1E+9999999999999999999999"])
+def test_get_with_a_bad_limit_is_400(any_app, query):
+    assert_error(any_app.get(f"/plants?{query}", headers=AUTH, status=400, expect_errors=True), 400, "'limit'")
+
+
+def test_delete_answers_204_and_the_id_can_be_created_again(any_app):
+    post(any_app, {"id": 5, "name": "Rose"}, 200)
+    post(any_app, {"id": 6, "name": "Tulip"}, 200)
+    response = any_app.delete("/plants/5", headers=AUTH, status=204)
+    assert response.body == b"" and "Content-Type" not in response.headers
+    assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}]
+    assert_error(any_app.delete("/plants/5", headers=AUTH, status=404, expect_errors=True), 404, "'id'")
+    post(any_app, {"id": 5, "name": "Rose again"}, 200)
+    assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}, {"name": "Rose again"}]
+
+
+@pytest.mark.parametrize("plant_id", ["abc", "1.5", "+1", "01", "1e400", "%20", "9223372036854775808",
+                                      "-9223372036854775809", "99999999999999999999999", "--1", "0x1", "NaN",
+                                      "1E+9999999999999999999999", "1.", ".5", "true"])
+def test_delete_with_an_id_that_is_no_int64_is_400(any_app, plant_id):
+    assert_error(any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=400, expect_errors=True), 400, "'id'")
+
+
+@pytest.mark.parametrize("plant_id, stored_id", [(str(INT64_MAX), INT64_MAX), (str(INT64_MIN), INT64_MIN), ("0", 0),
+                                                 ("-0", 0), ("7.0", 7), ("7E0", 7), ("70e-1", 7),
+                                                 ("9223372036854775807.0", INT64_MAX)])
+def test_delete_accepts_the_int64_range_as_json_does(any_app, plant_id, stored_id):
+    post(any_app, {"id": stored_id, "name": "Edge"}, 200)
+    any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=204)
+    assert any_app.get("/plants", headers=AUTH, status=200).json == []
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/plants"), ("DELETE", "/plants/1"), ("DELETE", "/plants/abc")])
+@pytest.mark.parametrize("headers, error", BAD_AUTH[:1] + BAD_AUTH[6:7])
+def test_read_and_delete_need_the_token(any_app, method, path, headers, error):
+    response = any_app.request(path, method=method, headers=headers, status=401, expect_errors=True)
+    assert_error(response, 401)
+    assert ('error="invalid_token"' in response.headers["WWW-Authenticate"]) == (error == "invalid_token")
+
+
+# ---- The SQLite store across processes and restarts ----
+
+def test_sqlite_store_finds_every_plant_after_a_restart(tmp_path):
+    first = SQLiteStore(tmp_path / "plants.sqlite3")
+    for i in range(20):
+        first.add(i, f"p{i}", "t" if i % 2 else None)
+    first.delete(3)
+    again = SQLiteStore(tmp_path / "plants.sqlite3")
+    assert again.list() == [(f"p{i}", "t" if i % 2 else None) for i in range(20) if i != 3]
+    assert again.add(0, "dup", None) is False
+
+
+WRITER = """
+import sys, threading
+from plantstore import SQLiteStore
+store, results = SQLiteStore(sys.argv[1]), []
+def write(n):
+    for plant_id in range(40):
+        results.append(store.add((plant_id * 7 + n) % 40, f"writer {sys.argv[2]}", None))
+threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(results.count(True))
+"""
+
+
+def test_sqlite_store_catches_duplicates_across_processes(tmp_path, spawn):
+    path = str(tmp_path / "plants.sqlite3")
+    SQLiteStore(path)
+    writers = [spawn([sys.executable, "-c", WRITER, path, str(n)], environ_without_tokens()) for n in range(4)]
+    created = []
+    for writer in writers:
+        assert writer.wait(WAIT * 2) == 0, writer.stderr.read()
+        created.append(int(writer.stdout.read()))
+    assert sum(created) == 40  # 4 processes x 4 threads tried every id: each was created once
+    assert len(SQLiteStore(path).list()) == 40
+
+
+@pytest.mark.parametrize("content", [b"this is not a database" * 100, b""], ids=["garbage", "empty-file-ok"])
+def test_sqlite_store_refuses_a_file_that_is_not_its_database(tmp_path, content):
+    path = tmp_path / "plants.sqlite3"
+    path.write_bytes(content)
+    if content:
+        with pytest.raises(ValueError, match="is not a plantstore database"):
+            SQLiteStore(path)
+    else:
+        assert SQLiteStore(path).list() == []
+
+
+def test_sqlite_store_refuses_a_foreign_plants_table(tmp_path):
+    path = tmp_path / "plants.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE plants (name TEXT)")
+    with pytest.raises(ValueError, match="did not make"):
+        SQLiteStore(path)
+
+
+def test_python_plantstore_py_refuses_a_bad_database_in_one_line(spawn, tmp_path):
+    (tmp_path / "bad.db").write_bytes(b"garbage" * 100)
+    process = spawn([sys.executable, "plantstore.py", "--port", "0"],
+                    environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "bad.db")))
+    assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert "is not a plantstore database" in err and "Traceback" not in err
+
+
+def test_kill_9_loses_no_answered_plant(spawn, tmp_path):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"))
+
+    def serve():
+        process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
+        return process, Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+
+    process, (host, port) = serve()
+    for i in range(30):
+        assert post_over_http(host, port, TOKEN, {"id": i, "name": f"p{i}"})[0] == 200
+    os.killpg(process.pid, signal.SIGKILL)  # the moment after the last 200
+    process.wait(WAIT)
+    _, (host, port) = serve()
+    assert over_http(host, port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{i}"} for i in range(30)])
+
+
+def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
+    """20 ids each raced by 16 requests across 3 worker processes: 20 created, 300 conflicts, all kept."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"))
+
+    def serve():
+        process = spawn([sys.executable, "-m", "gunicorn", "-w", "3", "--threads", "4", "-b", "127.0.0.1:0",
+                         "plantstore:app"], env)
+        err = Lines(process.stderr)
+        address = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
+        for _ in range(3):
+            err.until(r"Booting worker")
+        return process, address
+
+    process, (host, port) = serve()
+    attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
+    statuses = in_threads(len(attempts), lambda k: post_over_http(
+        host, port, TOKEN, {"id": attempts[k][0], "name": f"id {attempts[k][0]} by racer {attempts[k][1]}"})[0])
+    assert sorted(statuses) == [200] * 20 + [409] * 300
+    status, listed = over_http(host, port, TOKEN, "GET", "/plants")
+    assert status == 200 and sorted(int(p["name"].split()[1]) for p in listed) == list(range(20))
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(WAIT)
+    _, (host, port) = serve()
+    assert over_http(host, port, TOKEN, "GET", "/plants") == (200, listed)
+
+
 # ---- The OpenAPI document, and schemathesis against it ----
 
 def test_openapi_document_is_served_without_a_token_and_is_valid(app):
@@ -702,6 +907,16 @@ STATUS_CASES = [
     (("POST", "/plants"), dict(body=b" " * (MAX_BODY_BYTES + 1)), 413, None),
     (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}), 415, "Accept"),
     (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}), 400, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
+    (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="taken"), 204, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/x"), 400, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}), 401,
+     "WWW-Authenticate"),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1"), 404, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="broken"), 500, None),
     (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
 ]
 
@@ -923,7 +1138,7 @@ class Lines:
 
 
 def environ_without_tokens(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PLANTSTORE_TOKENS", "WEB_CONCURRENCY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PLANTSTORE_TOKENS", "PLANTSTORE_DB", "WEB_CONCURRENCY")}
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
@@ -933,27 +1148,35 @@ def spawn():
     processes = []
 
     def start(args, env):
-        process = subprocess.Popen(args, cwd=HERE, env=env, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(args, cwd=HERE, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         processes.append(process)
         return process
 
     yield start
     for process in processes:
-        if process.poll() is None:
-            process.kill()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # the process and any workers it forked
+        except ProcessLookupError:
+            pass
         process.wait(WAIT)
         process.stdout.close()
         process.stderr.close()
 
 
 def post_over_http(host, port, token, document):
+    return over_http(host, port, token, "POST", "/plants", document)
+
+
+def over_http(host, port, token, method, path, document=None):
+    """Send one request; return (status, decoded JSON body or None)."""
     connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
     try:
-        connection.request("POST", "/plants", json.dumps(document),
-                           {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        body = None if document is None else json.dumps(document)
+        connection.request(method, path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
         response = connection.getresponse()
-        return response.status, json.loads(response.read())
+        data = response.read()
+        return response.status, json.loads(data) if data else None
     finally:
         connection.close()
 

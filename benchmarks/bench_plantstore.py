@@ -14,6 +14,8 @@ noise from the machine hits all of them alike; each figure is the median round.
    8 threads) on loopback, plantstore against the ceiling app, with wrk sending
    unique ids; and the embedded server (python plantstore.py).
 3. Memory: bytes per stored plant at 1,000,000 plants with short names and tags.
+4. The SQLite store against the in-memory one: creates per second in process, and
+   over HTTP under gunicorn -w 4 --threads 4 with PLANTSTORE_DB.
 """
 
 import argparse
@@ -190,10 +192,16 @@ def wait_for_port(port, process, seconds=30):
     raise SystemExit("the server did not start listening")
 
 
-def start_server(kind, port):
+def start_server(kind, port, db_path):
     env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
     env.pop("WEB_CONCURRENCY", None)
-    if kind == "embedded":
+    env.pop("PLANTSTORE_DB", None)
+    if kind == "sqlite":
+        env["PLANTSTORE_DB"] = db_path
+        args = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4", "-k", "gthread",
+                "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
+                "plantstore:app"]
+    elif kind == "embedded":
         args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
     else:
         app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
@@ -217,11 +225,11 @@ def run_wrk(port, script, seconds, connections, id_base):
     return rps, non_2xx, errors
 
 
-def bench_http(rounds, seconds, connections):
-    kinds = ["plantstore", "ceiling", "embedded"]
+def bench_http(rounds, seconds, connections, db_path):
+    kinds = ["plantstore", "ceiling", "embedded", "sqlite"]
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
-    servers = {kind: (port := free_port(), start_server(kind, port)) for kind in kinds}
+    servers = {kind: (port := free_port(), start_server(kind, port, db_path)) for kind in kinds}
     samples = {kind: [] for kind in kinds}
     bad = {kind: 0 for kind in kinds}
     try:
@@ -264,6 +272,19 @@ def bench_memory(plants):
     return (after - before) / plants
 
 
+# ---- 4. The SQLite store ----
+
+def bench_stores(rounds, per_round, db_path):
+    """Creates per second through the application, in-memory store against SQLite, interleaved."""
+    apps = {"memory": plantstore.make_app([TOKEN]),
+            "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path))}
+    samples = {name: [] for name in apps}
+    for round_number in range(rounds):
+        for name, application in apps.items():
+            samples[name].append(1e6 / time_requests(application, round_number * per_round, per_round))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 # ---- Report ----
 
 def main(argv=None):
@@ -275,9 +296,12 @@ def main(argv=None):
     parser.add_argument("--http-rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
+    parser.add_argument("--store-rounds", type=int, default=5)
+    parser.add_argument("--store-per-round", type=int, default=2_000, help="creates per store per round")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.per_round, args.plants = 2, 200, 2_000
+        args.rounds, args.per_round, args.plants, args.store_rounds, args.store_per_round = 2, 200, 2_000, 2, 50
+    workdir = tempfile.TemporaryDirectory(prefix="plantstore-bench-")
 
     print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
@@ -290,13 +314,20 @@ def main(argv=None):
         print(f"  {name:<12} {micros:>10.2f}  {micros / micro['ceiling']:>9.2f}x  "
               f"{micros / micro['plantstore']:>12.2f}x")
 
+    stores = bench_stores(args.store_rounds, args.store_per_round, os.path.join(workdir.name, "inproc.sqlite3"))
+    print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of {args.store_per_round} creates:")
+    for name, rate in stores.items():
+        print(f"  {name:<12} {rate:>10.0f} creates/s  {rate / stores['memory']:>6.3f}x")
+
     if not args.quick:
-        rates = bench_http(args.http_rounds, args.http_seconds, args.connections)
+        rates = bench_http(args.http_rounds, args.http_seconds, args.connections,
+                           os.path.join(workdir.name, "http.sqlite3"))
         print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of {args.http_rounds} "
               f"interleaved {args.http_seconds} s rounds (gunicorn -w 1 --threads 8, gthread):")
         print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  {'non-2xx or errors':>17}")
+        print("  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)")
         for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
-                            ("embedded", "python plantstore.py")]:
+                            ("embedded", "python plantstore.py"), ("sqlite", "gunicorn -w 4, SQLite")]:
             rps, bad = rates[kind]
             print(f"  {label:<24} {rps:>10.0f}  {rps / rates['ceiling'][0]:>9.2f}x  {bad:>17}")
 
