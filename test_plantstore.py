@@ -847,12 +847,16 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
     statuses = in_threads(len(attempts), lambda k: post_over_http(
         host, port, TOKEN, {"id": attempts[k][0], "name": f"id {attempts[k][0]} by racer {attempts[k][1]}"})[0])
     assert sorted(statuses) == [200] * 20 + [409] * 300
+    for plant_id in range(100, 110):  # one after another, each on whichever worker takes it
+        assert post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"id {plant_id} in order"})[0] == 200
     status, listed = over_http(host, port, TOKEN, "GET", "/plants")
-    assert status == 200 and sorted(int(p["name"].split()[1]) for p in listed) == list(range(20))
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(WAIT)
-    _, (host, port) = serve()
-    assert over_http(host, port, TOKEN, "GET", "/plants") == (200, listed)
+    assert status == 200 and [int(p["name"].split()[1]) for p in listed[20:]] == list(range(100, 110))
+    assert sorted(int(p["name"].split()[1]) for p in listed[:20]) == list(range(20))
+    for stop in (signal.SIGTERM, signal.SIGKILL):  # a restart, then kill -9 of the master and workers at once
+        os.killpg(process.pid, stop)
+        process.wait(WAIT)
+        process, (host, port) = serve()
+        assert over_http(host, port, TOKEN, "GET", "/plants") == (200, listed)
 
 
 # ---- The OpenAPI document, and schemathesis against it ----
