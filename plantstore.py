@@ -81,19 +81,28 @@ class HTTPError(Exception):
 
 # ---- Reading a request, in the order the checks run ----
 
-def check_bearer(environ, accepted):
-    """Raise 401 unless the Authorization header carries one of the accepted tokens (bytes)."""
-    scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
-    token = token.strip().encode("latin-1", "replace")  # WSGI headers are latin-1 strings
+def check_bearer(environ, credentials):
+    """Raise 401 unless Authorization is one of the credentials, each "Bearer <token>" in ASCII."""
+    header = environ.get("HTTP_AUTHORIZATION", "")
+    if _is_one_of(header, credentials):  # the usual spelling, compared as it came: the fast way
+        return
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
     if not token or scheme.lower() != "bearer":
         raise HTTPError(401, "a bearer token is required: send 'Authorization: Bearer <token>'",
                         headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')])
-    matched = False
-    for good in accepted:  # each one, in constant time: how long it takes tells nothing
-        matched |= hmac.compare_digest(token, good)
-    if not matched:
+    if not _is_one_of(f"Bearer {token}", credentials):  # "bearer" in any case, spaces around the token
         raise HTTPError(401, "the bearer token is not valid",
                         headers=[("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')])
+
+
+def _is_one_of(header, credentials):
+    """Compare with each credential in constant time, so that how long it takes tells nothing."""
+    matched = False
+    if header.isascii():  # compare_digest takes ASCII strings only; no other one could match
+        for good in credentials:
+            matched |= hmac.compare_digest(header, good)
+    return matched
 
 
 def read_body(environ, limit):
@@ -101,38 +110,29 @@ def read_body(environ, limit):
     media_type = environ.get("CONTENT_TYPE", "")
     if media_type != JSON_TYPE and media_type.partition(";")[0].strip().lower() != JSON_TYPE:
         raise HTTPError(415, "Content-Type must be application/json", headers=[("Accept", JSON_TYPE)])
-    length = content_length(environ)
-    if length is None:
-        if not environ.get("wsgi.input_terminated"):
-            return b""  # no length and no end-of-body marker: PEP 3333 says read nothing
-        size = limit + 1  # a chunked body: one byte past the limit tells one that is over it
-    elif length > limit:  # decided before a byte of the body is read
-        raise HTTPError(413, f"request body is larger than {limit} bytes")
-    else:
-        size = length
-    try:
-        body = environ["wsgi.input"].read(size)
+    length = environ.get("CONTENT_LENGTH") or None
+    if length is not None:
+        if not (length.isdigit() and length.isascii()):  # int() would also take " 7", "+7", "7_0"
+            raise HTTPError(400, "Content-Length must be a non-negative integer")
+        if len(length) > 18:  # never build a huge int: 19 digits, zeros aside, are over any limit
+            length = length.lstrip("0")[:19] or "0"
+        length = int(length)
+        if length > limit:  # decided before a byte of the body is read
+            raise HTTPError(413, f"request body is larger than {limit} bytes")
+    elif not environ.get("wsgi.input_terminated"):
+        return b""  # no length and no end-of-body marker: PEP 3333 says read nothing
+    try:  # a chunked body is read to one byte past the limit, which tells one that is over it
+        body = environ["wsgi.input"].read(limit + 1 if length is None else length)
     except TimeoutError:  # the client stalled past the server's timeout
         raise HTTPError(408, "the request body did not arrive in time") from None
     except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
-    if length is None and len(body) > limit:  # the chunked body was over the limit
-        raise HTTPError(413, f"request body is larger than {limit} bytes")
-    if length is not None and len(body) < length:
+    if length is None:
+        if len(body) > limit:
+            raise HTTPError(413, f"request body is larger than {limit} bytes")
+    elif len(body) < length:
         raise HTTPError(400, "request body is shorter than its Content-Length")
     return body
-
-
-def content_length(environ):
-    """Return CONTENT_LENGTH as an int, None when absent or empty; 400 unless it is plain digits."""
-    value = environ.get("CONTENT_LENGTH")
-    if not value:
-        return None
-    if not (value.isdigit() and value.isascii()):  # int() would also take " 7", "+7", "7_0"
-        raise HTTPError(400, "Content-Length must be a non-negative integer")
-    if len(value) > 18:  # never build a huge int: 19 digits, zeros aside, are over any limit
-        value = value.lstrip("0")[:19] or "0"
-    return int(value)
 
 
 def read_new_plant(body):
@@ -144,20 +144,19 @@ def read_new_plant(body):
     usual = _USUAL_NEWPLANT.fullmatch(text)
     if usual:  # the fast path: the same answer as below, several times faster
         plant_id, name, tag = usual.groups()
-        plant_id = int(plant_id)  # at most 19 digits
-        if INT64_MIN <= plant_id <= INT64_MAX:
-            return plant_id, name, tag
+        return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
 
 
-# The usual body, {"id": 7, "name": "Fern", "tag": "indoor"} in that order and without escapes,
-# has one meaning, which a regular expression reads; anything else goes to the JSON decoder.
+# The usual body, {"id": 7, "name": "Fern", "tag": "indoor"} in that order, without escapes and
+# with an id of up to 18 digits, has one meaning, which a regular expression reads; anything else
+# goes to the JSON decoder.
 _USUAL_NEWPLANT = re.compile(r"""
-    \s* \{ \s* "id" \s* : \s* ( -?(?:0|[1-9][0-9]{0,18}) ) \s* ,           # id
+    \s* \{ \s* "id" \s* : \s* ( -?(?:0|[1-9][0-9]{0,17}) ) \s* ,           # id
            \s* "name" \s* : \s* "( [^"\\\x00-\x1f]* )" \s*                  # name
        (?: , \s* "tag" \s* : \s* "( [^"\\\x00-\x1f]* )" \s* )?              # tag
     \} \s*
-""".replace(r"\s*", r"[ \t\n\r]*+"), re.VERBOSE)  # JSON's whitespace is these four, not all of \s
+""".replace(r"\s*", r"[ ]*+"), re.VERBOSE)  # spaces only: a body on several lines takes the decoder
 
 
 def decode_json(text):
@@ -264,8 +263,11 @@ class PlantStore:
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
         plant = (name, tag if tag is None else sys.intern(tag))  # tags repeat: keep one of each
-        with self._lock:
+        self._lock.acquire()  # not `with`, which here costs as much again as the lock itself
+        try:
             return self._plants.setdefault(plant_id, plant) is plant
+        finally:
+            self._lock.release()
 
     def list(self, limit=None):
         """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
@@ -343,8 +345,8 @@ _quote = json.encoder.encode_basestring_ascii
 def plant_json(name, tag):
     """The Plant shape: name, and tag only when the plant has one; never the id (spec rule 2)."""
     if tag is None:
-        return f'{{"name": {_quote(name)}}}'.encode("ascii")
-    return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode("ascii")
+        return f'{{"name": {_quote(name)}}}'.encode()  # ASCII, so UTF-8 is the same bytes, and the default codec is the fast one
+    return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode()
 
 
 def error_json(status, message):
@@ -447,7 +449,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         raise ValueError(f"each token (as in {TOKENS_VARIABLE}) must be printable ASCII without spaces")
     if type(max_body_bytes) is not int or max_body_bytes < 0:
         raise ValueError("max_body_bytes must be a non-negative integer")
-    accepted = [token.encode("ascii") for token in tokens]
+    credentials = [f"Bearer {token}" for token in tokens]
     store = PlantStore() if store is None else store
     document = json.dumps(OPENAPI, indent=2).encode("ascii")
 
@@ -474,33 +476,29 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
     routes = {"/plants": {"GET": list_plants, "POST": create_plant}, "/openapi.json": {"GET": read_document}}
     plant_route = {"DELETE": delete_plant}  # /plants/{id}
 
-    def respond(environ):
-        """Route, authenticate and run one request; return its status and body."""
-        path, plant_id = environ.get("PATH_INFO", ""), None
-        methods = routes.get(path)
-        if methods is None:
-            plant_id = path[8:] if path.startswith("/plants/") else ""
-            if not plant_id or "/" in plant_id:
-                raise HTTPError(404, "not found: the routes are /plants, /plants/{id} and /openapi.json")
-            methods = plant_route
-        handler = methods.get(environ["REQUEST_METHOD"])
-        if handler is None:
-            allow = ", ".join(methods)
-            raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
-        if handler is not read_document:
-            check_bearer(environ, accepted)
-        return handler(environ, plant_id)
-
     def application(environ, start_response):
-        """Answer one request with a JSON body (204: none); never let an exception out."""
+        """Route, authenticate and run one request, and answer it: JSON (204: no body), never an exception."""
+        headers = ()
         try:
-            status, body = respond(environ)
-            headers = ()
+            path, plant_id = environ.get("PATH_INFO", ""), None
+            methods = routes.get(path)
+            if methods is None:
+                plant_id = path[8:] if path.startswith("/plants/") else ""
+                if not plant_id or "/" in plant_id:
+                    raise HTTPError(404, "not found: the routes are /plants, /plants/{id} and /openapi.json")
+                methods = plant_route
+            handler = methods.get(environ["REQUEST_METHOD"])
+            if handler is None:
+                allow = ", ".join(methods)
+                raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
+            if handler is not read_document:
+                check_bearer(environ, credentials)
+            status, body = handler(environ, plant_id)
         except HTTPError as error:
             status, headers, body = error.status, error.headers, error_json(error.status, error.message)
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
-            status, headers, body = 500, (), error_json(500, "internal server error")
+            status, body = 500, error_json(500, "internal server error")
         start_response(_STATUS_LINES[status], [] if status == 204 else [
             ("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers])
         return [body]
