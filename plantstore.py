@@ -345,7 +345,7 @@ _quote = json.encoder.encode_basestring_ascii
 def plant_json(name, tag):
     """The Plant shape: name, and tag only when the plant has one; never the id (spec rule 2)."""
     if tag is None:
-        return f'{{"name": {_quote(name)}}}'.encode()  # ASCII, so UTF-8 is the same bytes, and the default codec is the fast one
+        return f'{{"name": {_quote(name)}}}'.encode()  # ASCII, so UTF-8 gives the same bytes, by the fast codec
     return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode()
 
 
