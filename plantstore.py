@@ -154,8 +154,7 @@ def read_new_plant(body):
 _USUAL_NEWPLANT = re.compile(r"""
     \s* \{ \s* "id" \s* : \s* ( -?(?:0|[1-9][0-9]{0,17}) ) \s* ,           # id
            \s* "name" \s* : \s* "( [^"\\\x00-\x1f]* )" \s*                  # name
-       (?: , \s* "tag" \s* : \s* "( [^"\\\x00-\x1f]* )" \s* )?              # tag
-    \} \s*
+       (?: \} | , \s* "tag" \s* : \s* "( [^"\\\x00-\x1f]* )" \s* \} ) \s*    # the end, or tag
 """.replace(r"\s*", r"[ ]*+"), re.VERBOSE)  # spaces only: a body on several lines takes the decoder
 
 

@@ -5,7 +5,8 @@
 
 Needs `pip install -e '.[bench]'` (Falcon, gunicorn) and, for the HTTP rows, `wrk`
 (Debian: `apt-get install wrk`). Contenders run in interleaved rounds, so that
-noise from the machine hits all of them alike; each figure is the median round.
+noise from the machine hits all of them alike (in process, they take turns every
+100 requests); each figure is the median round.
 
 1. In process: microseconds per valid POST /plants through the WSGI callable, for
    plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
@@ -124,37 +125,36 @@ def request_environs(first_id, count):
     return environs
 
 
-def time_requests(application, first_id, count, batch=100):
-    """Return microseconds per request over `count` valid creates; fail unless every answer was 200.
+def time_round(apps, first_id, count, batch=100):
+    """Return {name: microseconds per request} over `count` valid creates each; fail unless all were 200.
 
-    Environs are built in small batches outside the clock, as a server builds each one just before
-    it calls the app: thousands built up front would be cold in the cache when their turn came.
+    The contenders take turns every `batch` requests, in an order that rotates, so that a burst of
+    noise from the machine lands on all of them alike. Environs are built per batch outside the
+    clock, as a server builds each one just before it calls the app: thousands built up front
+    would be cold in the cache when their turn came.
     """
     statuses = []
     start_response = lambda status, headers, exc_info=None: statuses.append(status)  # noqa: E731
     clock = time.perf_counter
-    elapsed = 0.0
-    for start in range(first_id, first_id + count, batch):
-        environs = request_environs(start, min(batch, first_id + count - start))
-        begin = clock()
-        for environ in environs:
-            b"".join(application(environ, start_response))
-        elapsed += clock() - begin
-    if statuses != ["200 OK"] * count:
+    names, elapsed = list(apps), dict.fromkeys(apps, 0.0)
+    for turn, start in enumerate(range(first_id, first_id + count, batch)):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            environs, application = request_environs(start, min(batch, first_id + count - start)), apps[name]
+            begin = clock()
+            for environ in environs:
+                b"".join(application(environ, start_response))
+            elapsed[name] += clock() - begin
+    if statuses != ["200 OK"] * (count * len(apps)):
         raise SystemExit(f"a contender answered other than 200: {sorted(set(statuses))}")
-    return elapsed / count * 1e6
+    return {name: seconds / count * 1e6 for name, seconds in elapsed.items()}
 
 
 def bench_in_process(rounds, per_round):
-    contenders = in_process_contenders()
-    apps = {name: build() for name, build in contenders.items()}
-    for name, application in apps.items():  # warm up, and prove each one answers 200
-        time_requests(application, 10**12, 200)
-    samples = {name: [] for name in apps}
-    for round_number in range(rounds):
-        for name, application in apps.items():
-            samples[name].append(time_requests(application, round_number * per_round, per_round))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    """Median microseconds per valid create for each contender, over interleaved rounds."""
+    apps = {name: build() for name, build in in_process_contenders().items()}
+    time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
+    samples = [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
+    return {name: statistics.median(sample[name] for sample in samples) for name in apps}
 
 
 # ---- 2. Over HTTP ----
@@ -278,11 +278,8 @@ def bench_stores(rounds, per_round, db_path):
     """Creates per second through the application, in-memory store against SQLite, interleaved."""
     apps = {"memory": plantstore.make_app([TOKEN]),
             "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path))}
-    samples = {name: [] for name in apps}
-    for round_number in range(rounds):
-        for name, application in apps.items():
-            samples[name].append(1e6 / time_requests(application, round_number * per_round, per_round))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    samples = [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
+    return {name: 1e6 / statistics.median(sample[name] for sample in samples) for name in apps}
 
 
 # ---- Report ----
