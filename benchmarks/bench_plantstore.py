@@ -287,10 +287,10 @@ def bench_stores(rounds, per_round, db_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
-    parser.add_argument("--http-seconds", type=int, default=5, help="wrk seconds per contender per round")
-    parser.add_argument("--http-rounds", type=int, default=6)
+    parser.add_argument("--http-seconds", type=int, default=3, help="wrk seconds per contender per round")
+    parser.add_argument("--http-rounds", type=int, default=10)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
     parser.add_argument("--store-rounds", type=int, default=5)
