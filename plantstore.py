@@ -152,7 +152,7 @@ _USUAL_NEWPLANT = re.compile(r"""
     \s* \{ \s* "id" \s* : \s* ( -?(?:0|[1-9][0-9]{0,17}) ) \s* ,           # id
            \s* "name" \s* : \s* "( [^"\\\x00-\x1f]* )" \s*                  # name
        (?: \} | , \s* "tag" \s* : \s* "( [^"\\\x00-\x1f]* )" \s* \} ) \s*    # the end, or tag
-""".replace(r"\s*", r"[ ]*+"), re.VERBOSE)  # spaces only: a body on several lines takes the decoder
+""".replace(r"\s*", r"[ ]*+"), re.VERBOSE)  # spaces, possessive (3.11+); a body on several lines: decoder
 
 
 def decode_json(text):
