@@ -125,7 +125,7 @@ def read_body(environ, limit):
     except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
     if length is None:
-        if len(body) > limit:
+        if len(body) > limit:  # the 413 above judged a declared length; this one, what a chunked body brought
             raise HTTPError(413, f"request body is larger than {limit} bytes")
     elif len(body) < length:
         raise HTTPError(400, "request body is shorter than its Content-Length")
