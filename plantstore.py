@@ -35,7 +35,6 @@ laptop or behind a proxy; use gunicorn when it faces real traffic.
 """
 
 import argparse
-import hmac
 import itertools
 import json
 import os
@@ -49,6 +48,7 @@ import threading
 import time
 import traceback
 from decimal import Decimal
+from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -87,7 +87,7 @@ def check_bearer(environ, credentials):
     matched = False
     if header.isascii():  # compare_digest takes ASCII strings only; no other one could match
         for good in credentials:  # each one, in constant time: how long it takes tells nothing
-            matched |= hmac.compare_digest(header, good)
+            matched |= compare_digest(header, good)
     if matched:
         return
     scheme, _, token = header.partition(" ")
@@ -145,14 +145,12 @@ def read_new_plant(body):
     return parse_new_plant(decode_json(text))
 
 
-# The usual body, {"id": 7, "name": "Fern", "tag": "indoor"} in that order, without escapes and
-# with an id of up to 18 digits, has one meaning, which a regular expression reads; anything else
-# goes to the JSON decoder.
-_USUAL_NEWPLANT = re.compile(r"""
-    \s* \{ \s* "id" \s* : \s* ( -?(?:0|[1-9][0-9]{0,17}) ) \s* ,           # id
-           \s* "name" \s* : \s* "( [^"\\\x00-\x1f]* )" \s*                  # name
-       (?: \} | , \s* "tag" \s* : \s* "( [^"\\\x00-\x1f]* )" \s* \} ) \s*    # the end, or tag
-""".replace(r"\s*", r"[ ]*+"), re.VERBOSE)  # spaces, possessive (3.11+); a body on several lines: decoder
+# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag": "indoor"}, or the same
+# without spaces), with no escapes and an id of up to 18 digits, has one meaning, which a regular
+# expression reads; any other body goes to the JSON decoder.
+_USUAL_NEWPLANT = re.compile(r'\{"id": ?(-?(?:0|[1-9][0-9]{0,17})), ?'   # id: always an int64
+                             r'"name": ?"([^"\\\x00-\x1f]*)"'              # name: no escapes
+                             r'(?:\}|, ?"tag": ?"([^"\\\x00-\x1f]*)"\})')  # the end, or tag and the end
 
 
 def decode_json(text):
@@ -258,7 +256,7 @@ class PlantStore:
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
-        plant = (name, tag if tag is None else sys.intern(tag))  # tags repeat: keep one of each
+        plant = (name, tag)
         self._lock.acquire()  # not `with`, which here costs as much again as the lock itself
         try:
             return self._plants.setdefault(plant_id, plant) is plant
