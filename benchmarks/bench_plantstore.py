@@ -6,7 +6,9 @@
 Needs `pip install -e '.[bench]'` (Falcon, gunicorn) and, for the HTTP rows, `wrk`
 (Debian: `apt-get install wrk`). Contenders run in interleaved rounds, so that
 noise from the machine hits all of them alike (in process, they take turns every
-100 requests); each figure is the median round.
+100 requests). Each figure is the median round, and each ratio the median of the
+ratios within a round: a slow minute of the machine slows both sides of a ratio,
+so it does not move it.
 
 1. In process: microseconds per valid POST /plants through the WSGI callable, for
    plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
@@ -150,11 +152,23 @@ def time_round(apps, first_id, count, batch=100):
 
 
 def bench_in_process(rounds, per_round):
-    """Median microseconds per valid create for each contender, over interleaved rounds."""
+    """Per contender, microseconds per valid create and the ratios to the ceiling and to plantstore."""
     apps = {name: build() for name, build in in_process_contenders().items()}
     time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
     samples = [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
-    return {name: statistics.median(sample[name] for sample in samples) for name in apps}
+    return {name: (value, ratio, median_ratio(samples, name, "plantstore"))
+            for name, (value, ratio) in summarize(samples, "ceiling").items()}
+
+
+def median_ratio(samples, name, baseline):
+    """The median over rounds of name's figure divided by baseline's figure in the same round."""
+    return statistics.median(sample[name] / sample[baseline] for sample in samples)
+
+
+def summarize(samples, baseline):
+    """{name: (median figure, median ratio to baseline)} from a list of rounds, each {name: figure}."""
+    return {name: (statistics.median(sample[name] for sample in samples), median_ratio(samples, name, baseline))
+            for name in samples[0]}
 
 
 # ---- 2. Over HTTP ----
@@ -230,23 +244,24 @@ def bench_http(rounds, seconds, connections, db_path):
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
     servers = {kind: (port := free_port(), start_server(kind, port, db_path)) for kind in kinds}
-    samples = {kind: [] for kind in kinds}
+    samples = []  # one {kind: requests per second} per round
     bad = {kind: 0 for kind in kinds}
     try:
         for round_number in range(rounds):
             turn = kinds[round_number % len(kinds):] + kinds[:round_number % len(kinds)]  # no one always first
+            samples.append({})
             for kind in turn:
                 port = servers[kind][0]
                 rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
                                                id_base=(round_number + 1) * 10**12)
-                samples[kind].append(rps)
+                samples[-1][kind] = rps
                 bad[kind] += non_2xx + errors
     finally:
         for _, process in servers.values():
             process.terminate()
             process.wait(30)
         os.unlink(script.name)
-    return {kind: (statistics.median(values), bad[kind]) for kind, values in samples.items()}
+    return {kind: (rps, ratio, bad[kind]) for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
 
 
 # ---- 3. Memory ----
@@ -278,8 +293,9 @@ def bench_stores(rounds, per_round, db_path):
     """Creates per second through the application, in-memory store against SQLite, interleaved."""
     apps = {"memory": plantstore.make_app([TOKEN]),
             "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path))}
-    samples = [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
-    return {name: 1e6 / statistics.median(sample[name] for sample in samples) for name in apps}
+    samples = [{name: 1e6 / micros for name, micros in time_round(apps, round_number * per_round, per_round).items()}
+               for round_number in range(rounds)]
+    return summarize(samples, "memory")
 
 
 # ---- Report ----
@@ -289,8 +305,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
-    parser.add_argument("--http-seconds", type=int, default=3, help="wrk seconds per contender per round")
-    parser.add_argument("--http-rounds", type=int, default=10)
+    parser.add_argument("--http-seconds", type=int, default=2, help="wrk seconds per contender per round")
+    parser.add_argument("--http-rounds", type=int, default=20)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
     parser.add_argument("--store-rounds", type=int, default=5)
@@ -307,14 +323,13 @@ def main(argv=None):
     micro = bench_in_process(args.rounds, args.per_round)
     print(f"\nIn process, median of {args.rounds} interleaved rounds of {args.per_round} valid creates:")
     print(f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  {'vs plantstore':>13}")
-    for name, micros in micro.items():
-        print(f"  {name:<12} {micros:>10.2f}  {micros / micro['ceiling']:>9.2f}x  "
-              f"{micros / micro['plantstore']:>12.2f}x")
+    for name, (micros, vs_ceiling, vs_plantstore) in micro.items():
+        print(f"  {name:<12} {micros:>10.2f}  {vs_ceiling:>9.2f}x  {vs_plantstore:>12.2f}x")
 
     stores = bench_stores(args.store_rounds, args.store_per_round, os.path.join(workdir.name, "inproc.sqlite3"))
     print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of {args.store_per_round} creates:")
-    for name, rate in stores.items():
-        print(f"  {name:<12} {rate:>10.0f} creates/s  {rate / stores['memory']:>6.3f}x")
+    for name, (rate, vs_memory) in stores.items():
+        print(f"  {name:<12} {rate:>10.0f} creates/s  {vs_memory:>6.3f}x")
 
     if not args.quick:
         rates = bench_http(args.http_rounds, args.http_seconds, args.connections,
@@ -325,8 +340,8 @@ def main(argv=None):
         print("  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)")
         for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
                             ("embedded", "python plantstore.py"), ("sqlite", "gunicorn -w 4, SQLite")]:
-            rps, bad = rates[kind]
-            print(f"  {label:<24} {rps:>10.0f}  {rps / rates['ceiling'][0]:>9.2f}x  {bad:>17}")
+            rps, vs_ceiling, bad = rates[kind]
+            print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.2f}x  {bad:>17}")
 
     per_plant = bench_memory(args.plants)
     print(f"\nMemory: {per_plant:.0f} bytes per stored plant at {args.plants:,} plants "
