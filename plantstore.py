@@ -147,10 +147,11 @@ def read_new_plant(body):
 
 # The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag": "indoor"}, or the same
 # without spaces), with no escapes and an id of up to 18 digits, has one meaning, which a regular
-# expression reads; any other body goes to the JSON decoder.
-_USUAL_NEWPLANT = re.compile(r'\{"id": ?(-?(?:0|[1-9][0-9]{0,17})), ?'   # id: always an int64
-                             r'"name": ?"([^"\\\x00-\x1f]*)"'              # name: no escapes
-                             r'(?:\}|, ?"tag": ?"([^"\\\x00-\x1f]*)"\})')  # the end, or tag and the end
+# expression reads; any other body goes to the JSON decoder. Every quantifier is possessive (?+ *+,
+# Python 3.11): nothing here needs to backtrack, and not keeping the way back is faster.
+_USUAL_NEWPLANT = re.compile(r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'   # id: always an int64
+                             r'"name": ?+"([^"\\\x00-\x1f]*+)"'                # name: no escapes
+                             r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})')   # the end, or tag and the end
 
 
 def decode_json(text):
@@ -493,8 +494,8 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, body = 500, error_json(500, "internal server error")
-        start_response(_STATUS_LINES[status], [] if status == 204 else [
-            ("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers])
+        start_response(_STATUS_LINES[status], [] if status == 204 else [  # literal pair: one constant, not built per answer
+            ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers])
         return [body]
 
     return application
