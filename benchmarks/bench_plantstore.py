@@ -12,7 +12,9 @@ so it does not move it.
 
 1. In process: microseconds per valid POST /plants through the WSGI callable, for
    plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
-   constant JSON, and the same endpoint with the same behaviour written in Falcon.
+   constant JSON, and the same endpoint with the same behaviour written in Falcon;
+   the rounds run in three fresh processes in turn, since each process's memory
+   layout and hash seed move the figures a little.
 2. Over HTTP: requests per second under gunicorn's gthread worker (1 worker,
    8 threads) on loopback, plantstore against the ceiling app, with wrk sending
    unique ids; and the embedded server (python plantstore.py).
@@ -100,13 +102,17 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
 
 def in_process_contenders():
     contenders = {"plantstore": lambda: plantstore.make_app([TOKEN]), "ceiling": lambda: ceiling}
+    if falcon_installed():
+        contenders["falcon"] = lambda: make_falcon_app([TOKEN])
+    return contenders
+
+
+def falcon_installed():
     try:
         import falcon  # noqa: F401
     except ImportError:
-        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.", file=sys.stderr)
-    else:
-        contenders["falcon"] = lambda: make_falcon_app([TOKEN])
-    return contenders
+        return False
+    return True
 
 
 # ---- 1. In process ----
@@ -151,13 +157,27 @@ def time_round(apps, first_id, count, batch=100):
     return {name: seconds / count * 1e6 for name, seconds in elapsed.items()}
 
 
-def bench_in_process(rounds, per_round):
-    """Per contender, microseconds per valid create and the ratios to the ceiling and to plantstore."""
-    apps = {name: build() for name, build in in_process_contenders().items()}
-    time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
-    samples = [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
+def bench_in_process(processes, rounds, per_round):
+    """Per contender, microseconds per valid create and the ratios to the ceiling and to plantstore.
+
+    The rounds run in several fresh processes, one after another, as pyperf does: where a process
+    happens to lay out its memory, and its hash seed, move the figures by a few percent.
+    """
+    if not falcon_installed():
+        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.", file=sys.stderr)
+    samples = []
+    for _ in range(processes):
+        worker = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--per-round", str(per_round)]
+        samples += json.loads(subprocess.run(worker, stdout=subprocess.PIPE, text=True, check=True).stdout)
     return {name: (value, ratio, median_ratio(samples, name, "plantstore"))
             for name, (value, ratio) in summarize(samples, "ceiling").items()}
+
+
+def in_process_rounds(rounds, per_round):
+    """The rounds of one process: a list of {contender: microseconds per request}."""
+    apps = {name: build() for name, build in in_process_contenders().items()}
+    time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
+    return [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
 
 
 def median_ratio(samples, name, baseline):
@@ -303,7 +323,8 @@ def bench_stores(rounds, per_round, db_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--processes", type=int, default=3, help="fresh processes for the in-process rounds")
+    parser.add_argument("--rounds", type=int, default=11, help="in-process rounds per process")
     parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
     parser.add_argument("--http-seconds", type=int, default=2, help="wrk seconds per contender per round")
     parser.add_argument("--http-rounds", type=int, default=20)
@@ -311,17 +332,23 @@ def main(argv=None):
     parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
     parser.add_argument("--store-rounds", type=int, default=5)
     parser.add_argument("--store-per-round", type=int, default=2_000, help="creates per store per round")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
     args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(in_process_rounds(args.rounds, args.per_round)))
+        return 0
     if args.quick:
-        args.rounds, args.per_round, args.plants, args.store_rounds, args.store_per_round = 2, 200, 2_000, 2, 50
+        args.processes, args.rounds, args.per_round = 2, 2, 200
+        args.plants, args.store_rounds, args.store_per_round = 2_000, 2, 50
     workdir = tempfile.TemporaryDirectory(prefix="plantstore-bench-")
 
     print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"command: python benchmarks/bench_plantstore.py {' '.join(argv if argv is not None else sys.argv[1:])}")
 
-    micro = bench_in_process(args.rounds, args.per_round)
-    print(f"\nIn process, median of {args.rounds} interleaved rounds of {args.per_round} valid creates:")
+    micro = bench_in_process(args.processes, args.rounds, args.per_round)
+    print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of {args.per_round} valid "
+          f"creates ({args.processes} fresh processes x {args.rounds}):")
     print(f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  {'vs plantstore':>13}")
     for name, (micros, vs_ceiling, vs_plantstore) in micro.items():
         print(f"  {name:<12} {micros:>10.2f}  {vs_ceiling:>9.2f}x  {vs_plantstore:>12.2f}x")
