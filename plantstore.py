@@ -292,9 +292,19 @@ class SQLiteStore:
         if columns != ["seq", "id", "name", "tag"]:
             raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
 
-    def _connect(self):
-        db = sqlite3.connect(self.path, timeout=60, isolation_level=None)  # autocommit; wait on writers
-        db.execute("PRAGMA journal_mode=WAL")  # readers and a writer at once
+    def _connect(self, busy_seconds=60):
+        db = sqlite3.connect(self.path, timeout=busy_seconds, isolation_level=None)  # autocommit; wait on writers
+        deadline = time.monotonic() + busy_seconds
+        while True:  # WAL: readers and a writer at once
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as error:
+                # Turning a new file to WAL does not wait out the busy timeout: while another worker
+                # that boots at the same moment does it, this one is told SQLITE_BUSY at once.
+                if error.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
         db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
         return db
 

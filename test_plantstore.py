@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
@@ -784,6 +785,25 @@ def test_sqlite_store_catches_duplicates_across_processes(tmp_path, spawn):
         created.append(int(writer.stdout.read()))
     assert sum(created) == 40  # 4 processes x 4 threads tried every id: each was created once
     assert len(SQLiteStore(path).list()) == 40
+
+
+OPENER = """
+import sys, time
+from plantstore import SQLiteStore
+start = float(sys.argv[1])
+for n, path in enumerate(sys.argv[2:]):
+    time.sleep(max(0.0, start + 0.03 * n - time.time()))  # every opener on the same file at the same moment
+    SQLiteStore(path)
+"""
+
+
+def test_sqlite_store_opens_while_other_processes_make_the_same_new_file(tmp_path, spawn):
+    """gunicorn's workers boot together: each must start on a database file that is being made."""
+    paths = [str(tmp_path / f"new{n}.sqlite3") for n in range(20)]
+    start = time.time() + 0.5  # once every opener has imported plantstore
+    openers = [spawn([sys.executable, "-c", OPENER, str(start), *paths], environ_without_tokens()) for _ in range(4)]
+    for opener in openers:
+        assert opener.wait(WAIT * 2) == 0, opener.stderr.read()
 
 
 @pytest.mark.parametrize("content", [b"this is not a database" * 100, b""], ids=["garbage", "empty-file-ok"])
