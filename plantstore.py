@@ -278,6 +278,8 @@ class PlantStore:
 class SQLiteStore:
     """Plants in an SQLite file: a 200 means committed, ids are unique across processes, restarts lose nothing."""
 
+    busy_seconds = 60  # how long a connection waits for another one to let go of the file
+
     def __init__(self, path):
         self.path = os.fspath(path)
         self._local = threading.local()
@@ -292,9 +294,9 @@ class SQLiteStore:
         if columns != ["seq", "id", "name", "tag"]:
             raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
 
-    def _connect(self, busy_seconds=60):
-        db = sqlite3.connect(self.path, timeout=busy_seconds, isolation_level=None)  # autocommit; wait on writers
-        deadline = time.monotonic() + busy_seconds
+    def _connect(self):
+        db = sqlite3.connect(self.path, timeout=self.busy_seconds, isolation_level=None)  # autocommit
+        deadline = time.monotonic() + self.busy_seconds
         while True:  # WAL: readers and a writer at once
             try:
                 db.execute("PRAGMA journal_mode=WAL")
