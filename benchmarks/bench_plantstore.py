@@ -201,8 +201,9 @@ function setup(thread) thread:set("slot", threads); threads = threads + 1 end
 function init() counter = base + slot * 100000000 end
 function request()
   counter = counter + 1
+  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14, which repeats ids
   return wrk.format("POST", "/plants", {["Content-Type"] = "application/json", ["Authorization"] = auth},
-                    '{"id": ' .. counter .. ', "name": "Fern", "tag": "indoor"}')
+                    string.format('{"id": %d, "name": "Fern", "tag": "indoor"}', counter))
 end
 """
 
