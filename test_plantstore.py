@@ -1,5 +1,6 @@
 """Tests for plantstore: the contract's table of checks, hostile input, threads and real sockets."""
 
+import gc
 import http.client
 import importlib.util
 import io
@@ -47,8 +48,8 @@ def app(store):
 
 
 def stored(store):
-    """What an in-memory store holds, by id."""
-    return dict(store._plants)
+    """What an in-memory store holds, by id: (name, tag)."""
+    return {plant_id: (name, store._tags[plant_id]) for plant_id, name in store._names.items()}
 
 
 def post(app, body, status, *, headers=AUTH, content_type="application/json", **kwargs):
@@ -658,6 +659,22 @@ def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
     statuses = in_threads(racers, lambda n: create(application, 42, f"racer-{n}"))
     assert sorted(statuses) == [200] + [409] * (racers - 1)
     assert stored(store).get(42) == (f"racer-{statuses.index(200)}", None)
+
+
+
+def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
+    """The store holds only strings: collections do not come more often, nor take longer, as it grows."""
+    names = [f"p{i}" for i in range(1000)]
+    gc.disable()  # the count of new tracked objects then only grows
+    try:
+        before = gc.get_count()[0]
+        for plant_id, name in enumerate(names):
+            assert store.add(plant_id, name, "indoor")
+        new_tracked = gc.get_count()[0] - before
+    finally:
+        gc.enable()
+    assert new_tracked < 100  # one (name, tag) tuple per plant would make it 1,000
+    assert stored(store)[999] == ("p999", "indoor") and store.list(1) == [("p0", "indoor")]
 
 
 # ---- Reading back and deleting, on both stores ----

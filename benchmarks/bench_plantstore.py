@@ -304,7 +304,7 @@ def bench_memory(plants):
     environ = body = None
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(store._plants) == plants
+    assert len(store._names) == plants
     return (after - before) / plants
 
 
