@@ -370,7 +370,7 @@ def main(argv=None):
         for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
                             ("embedded", "python plantstore.py"), ("sqlite", "gunicorn -w 4, SQLite")]:
             rps, vs_ceiling, bad = rates[kind]
-            print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.2f}x  {bad:>17}")
+            print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.3f}x  {bad:>17}")
 
     per_plant = bench_memory(args.plants)
     print(f"\nMemory: {per_plant:.0f} bytes per stored plant at {args.plants:,} plants "
