@@ -251,9 +251,9 @@ def query_limit(environ):
 class PlantStore:
     """The default store: names and tags by id in two dicts, in creation order, guarded by a lock.
 
-    Two dicts of strings rather than one of (name, tag) tuples: every new tuple counts toward the
-    next run of the garbage collector (about one per 500 creates), while a dict that holds only
-    strings and None is never tracked at all, however many plants it holds.
+    Two dicts rather than one of (name, tag) tuples: every new tuple counts toward the garbage
+    collector's next run (under gunicorn, one about every 500 creates), while a dict of ints to
+    strings and None is never tracked at all, so no collection walks it however large it grows.
     """
 
     def __init__(self):
