@@ -516,7 +516,8 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, body = 500, error_json(500, "internal server error")
-        start_response(_STATUS_LINES[status], [] if status == 204 else [  # literal pair: one constant, not built per answer
+        # The Content-Type pair is written out: a literal is one constant, not a tuple built per answer.
+        start_response(_STATUS_LINES[status], [] if status == 204 else [
             ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers])
         return [body]
 
