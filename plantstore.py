@@ -245,8 +245,7 @@ def query_limit(environ):
         raise HTTPError(400, "'limit' may be given once")
     return url_integer(values[0], "limit", 0, INT32_MAX, "int32")
 
-
-# ---- The store ----
+# ---- The in-memory store ----
 
 class PlantStore:
     """The default store: names and tags by id in two dicts, in creation order, guarded by a lock.
@@ -285,73 +284,6 @@ class PlantStore:
             return True
 
 
-class SQLiteStore:
-    """Plants in an SQLite file: a 200 means committed, ids are unique across processes, restarts lose nothing."""
-
-    busy_seconds = 60  # how long a connection waits for another one to let go of the file
-
-    def __init__(self, path):
-        self.path = os.fspath(path)
-        self._local = threading.local()
-        try:  # a file that is not a plantstore database fails here, at start-up, not per request
-            db = self._connect()
-            db.execute("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-                       " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)")
-            columns = [row[1] for row in db.execute("PRAGMA table_info(plants)")]
-            db.close()
-        except sqlite3.Error as error:
-            raise ValueError(f"{self.path} is not a plantstore database: {error}") from None
-        if columns != ["seq", "id", "name", "tag"]:
-            raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
-
-    def _connect(self):
-        db = sqlite3.connect(self.path, timeout=self.busy_seconds, isolation_level=None)  # autocommit
-        deadline = time.monotonic() + self.busy_seconds
-        while True:  # WAL: readers and a writer at once
-            try:
-                db.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError as error:
-                # Turning a new file to WAL does not wait out the busy timeout: while another worker
-                # that boots at the same moment does it, this one is told SQLITE_BUSY at once.
-                if error.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-        db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
-        return db
-
-    def _db(self):
-        """This thread's connection, made in this process: connections are not shared across either."""
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            local.db, local.pid = self._connect(), os.getpid()
-        return local.db
-
-    def add(self, plant_id, name, tag):
-        try:
-            self._db().execute("INSERT INTO plants (id, name, tag) VALUES (?, ?, ?)",
-                               (plant_id, _utf8(name), None if tag is None else _utf8(tag)))
-        except sqlite3.IntegrityError:  # the id is taken: the database keeps ids unique
-            return False
-        return True
-
-    def list(self, limit=None):
-        rows = self._db().execute("SELECT name, tag FROM plants ORDER BY seq LIMIT ?",
-                                  (-1 if limit is None else limit,))
-        return [(_text(name), None if tag is None else _text(tag)) for name, tag in rows]
-
-    def delete(self, plant_id):
-        return self._db().execute("DELETE FROM plants WHERE id = ?", (plant_id,)).rowcount == 1
-
-
-def _utf8(text):
-    return text.encode("utf-8", "surrogatepass")  # any JSON string, a lone surrogate too
-
-
-def _text(data):
-    return data.decode("utf-8", "surrogatepass")
-
-
 # ---- Writing an answer ----
 
 # json's own C routine for one string literal, ASCII-escaped, so that a lone surrogate cannot break
@@ -369,88 +301,6 @@ def plant_json(name, tag):
 def error_json(status, message):
     """The Error shape, with `error` the HTTP status."""
     return f'{{"error": {status}, "message": {_quote(message)}}}'.encode("ascii")
-
-
-# ---- The OpenAPI document the service serves at /openapi.json ----
-
-def _json_content(schema):
-    return {JSON_TYPE: {"schema": schema}}
-
-
-def _responses(success, *errors):
-    """One operation's answers: its success, then its errors, each one of the component responses below."""
-    return {**success, **{str(status): {"$ref": f"#/components/responses/Error{status}"} for status in errors}}
-
-
-_PLANT = {"$ref": "#/components/schemas/Plant"}
-
-
-_ERRORS = {  # status: (description, the header that comes with it)
-    400: ("The request is not valid; the message names the field and the rule", None),
-    401: ("The bearer token is missing or not accepted", "WWW-Authenticate"),
-    404: ("No plant has this id", None),
-    405: ("The path does not have this method", "Allow"),
-    408: ("The request body did not arrive in time", None),
-    409: ("A plant with this id already exists; it is left unchanged", None),
-    413: ("The request body is larger than the limit", None),
-    415: ("The body is not application/json", "Accept"),
-    500: ("The server failed", None),
-}
-
-OPENAPI = {
-    "openapi": "3.1.0",
-    "info": {"title": "Plant Store", "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}},
-    "security": [{"bearerAuth": []}],
-    "paths": {
-        "/plants": {
-            "get": {
-                "description": "Lists plants, oldest first",
-                "parameters": [{"name": "limit", "in": "query", "description": "How many plants at most",
-                                "schema": {"type": "integer", "format": "int32", "minimum": 0}}],
-                "responses": _responses({"200": {"description": "The plants, oldest first",
-                                                 "content": _json_content({"type": "array", "items": _PLANT})}},
-                                        400, 401, 500),
-            },
-            "post": {
-                "description": "Creates a new plant in the store",
-                "requestBody": {"description": "Plant to add to the store", "required": True,
-                                "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
-                "responses": _responses({"200": {"description": "plant response", "content": _json_content(_PLANT)}},
-                                        400, 401, 408, 409, 413, 415, 500),
-            },
-        },
-        "/plants/{id}": {"delete": {
-            "description": "Deletes a plant; its id can be used again",
-            "parameters": [{"name": "id", "in": "path", "required": True, "description": "The plant's id",
-                            "schema": {"type": "integer", "format": "int64"}}],
-            "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500),
-        }},
-        "/openapi.json": {"get": {
-            "description": "This document: the one request that needs no token", "security": [],
-            "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
-        }},
-    },
-    "components": {
-        "schemas": {  # the specification's own, unchanged
-            "Plant": {"type": "object", "required": ["name"], "properties": {
-                "name": {"description": "The name of the plant", "type": "string"},
-                "tag": {"description": "Tag to specify the type", "type": "string"}}},
-            "NewPlant": {"allOf": [_PLANT, {
-                "type": "object", "required": ["id"], "properties": {"id": {
-                    "description": "Identification number of the plant", "type": "integer", "format": "int64"}}}]},
-            "Error": {"type": "object", "required": ["error", "message"], "properties": {
-                "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}},
-        },
-        "responses": {  # Error405 is what any path answers to a method it does not list
-            f"Error{status}": {"description": text,
-                               "content": _json_content({"$ref": "#/components/schemas/Error"}),
-                               **({"headers": {header: {"schema": {"type": "string"}}}} if header else {})}
-            for status, (text, header) in _ERRORS.items()
-        },
-        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
-    },
-}
-
 
 # ---- The WSGI application ----
 
@@ -552,6 +402,153 @@ def __getattr__(name):
         raise error(str(problem)) from None
     return app
 
+# ---- The SQL stores: SQLite and PostgreSQL, one class ----
+
+class SQLiteStore:
+    """Plants in an SQLite file: a 200 means committed, ids are unique across processes, restarts lose nothing."""
+
+    busy_seconds = 60  # how long a connection waits for another one to let go of the file
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._local = threading.local()
+        try:  # a file that is not a plantstore database fails here, at start-up, not per request
+            db = self._connect()
+            db.execute("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+                       " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)")
+            columns = [row[1] for row in db.execute("PRAGMA table_info(plants)")]
+            db.close()
+        except sqlite3.Error as error:
+            raise ValueError(f"{self.path} is not a plantstore database: {error}") from None
+        if columns != ["seq", "id", "name", "tag"]:
+            raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
+
+    def _connect(self):
+        db = sqlite3.connect(self.path, timeout=self.busy_seconds, isolation_level=None)  # autocommit
+        deadline = time.monotonic() + self.busy_seconds
+        while True:  # WAL: readers and a writer at once
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as error:
+                # Turning a new file to WAL does not wait out the busy timeout: while another worker
+                # that boots at the same moment does it, this one is told SQLITE_BUSY at once.
+                if error.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
+        return db
+
+    def _db(self):
+        """This thread's connection, made in this process: connections are not shared across either."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            local.db, local.pid = self._connect(), os.getpid()
+        return local.db
+
+    def add(self, plant_id, name, tag):
+        try:
+            self._db().execute("INSERT INTO plants (id, name, tag) VALUES (?, ?, ?)",
+                               (plant_id, _utf8(name), None if tag is None else _utf8(tag)))
+        except sqlite3.IntegrityError:  # the id is taken: the database keeps ids unique
+            return False
+        return True
+
+    def list(self, limit=None):
+        rows = self._db().execute("SELECT name, tag FROM plants ORDER BY seq LIMIT ?",
+                                  (-1 if limit is None else limit,))
+        return [(_text(name), None if tag is None else _text(tag)) for name, tag in rows]
+
+    def delete(self, plant_id):
+        return self._db().execute("DELETE FROM plants WHERE id = ?", (plant_id,)).rowcount == 1
+
+
+def _utf8(text):
+    return text.encode("utf-8", "surrogatepass")  # any JSON string, a lone surrogate too
+
+
+def _text(data):
+    return data.decode("utf-8", "surrogatepass")
+
+# ---- The OpenAPI document the service serves at /openapi.json ----
+
+def _json_content(schema):
+    return {JSON_TYPE: {"schema": schema}}
+
+
+def _responses(success, *errors):
+    """One operation's answers: its success, then its errors, each one of the component responses below."""
+    return {**success, **{str(status): {"$ref": f"#/components/responses/Error{status}"} for status in errors}}
+
+
+_PLANT = {"$ref": "#/components/schemas/Plant"}
+
+
+_ERRORS = {  # status: (description, the header that comes with it)
+    400: ("The request is not valid; the message names the field and the rule", None),
+    401: ("The bearer token is missing or not accepted", "WWW-Authenticate"),
+    404: ("No plant has this id", None),
+    405: ("The path does not have this method", "Allow"),
+    408: ("The request body did not arrive in time", None),
+    409: ("A plant with this id already exists; it is left unchanged", None),
+    413: ("The request body is larger than the limit", None),
+    415: ("The body is not application/json", "Accept"),
+    500: ("The server failed", None),
+}
+
+OPENAPI = {
+    "openapi": "3.1.0",
+    "info": {"title": "Plant Store", "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}},
+    "security": [{"bearerAuth": []}],
+    "paths": {
+        "/plants": {
+            "get": {
+                "description": "Lists plants, oldest first",
+                "parameters": [{"name": "limit", "in": "query", "description": "How many plants at most",
+                                "schema": {"type": "integer", "format": "int32", "minimum": 0}}],
+                "responses": _responses({"200": {"description": "The plants, oldest first",
+                                                 "content": _json_content({"type": "array", "items": _PLANT})}},
+                                        400, 401, 500),
+            },
+            "post": {
+                "description": "Creates a new plant in the store",
+                "requestBody": {"description": "Plant to add to the store", "required": True,
+                                "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
+                "responses": _responses({"200": {"description": "plant response", "content": _json_content(_PLANT)}},
+                                        400, 401, 408, 409, 413, 415, 500),
+            },
+        },
+        "/plants/{id}": {"delete": {
+            "description": "Deletes a plant; its id can be used again",
+            "parameters": [{"name": "id", "in": "path", "required": True, "description": "The plant's id",
+                            "schema": {"type": "integer", "format": "int64"}}],
+            "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500),
+        }},
+        "/openapi.json": {"get": {
+            "description": "This document: the one request that needs no token", "security": [],
+            "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
+        }},
+    },
+    "components": {
+        "schemas": {  # the specification's own, unchanged
+            "Plant": {"type": "object", "required": ["name"], "properties": {
+                "name": {"description": "The name of the plant", "type": "string"},
+                "tag": {"description": "Tag to specify the type", "type": "string"}}},
+            "NewPlant": {"allOf": [_PLANT, {
+                "type": "object", "required": ["id"], "properties": {"id": {
+                    "description": "Identification number of the plant", "type": "integer", "format": "int64"}}}]},
+            "Error": {"type": "object", "required": ["error", "message"], "properties": {
+                "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}},
+        },
+        "responses": {  # Error405 is what any path answers to a method it does not list
+            f"Error{status}": {"description": text,
+                               "content": _json_content({"$ref": "#/components/schemas/Error"}),
+                               **({"headers": {header: {"schema": {"type": "string"}}}} if header else {})}
+            for status, (text, header) in _ERRORS.items()
+        },
+        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+    },
+}
 
 # ---- The embedded server: wsgiref, threaded, with timeouts ----
 
@@ -607,7 +604,6 @@ def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
     server.client_timeout = client_timeout
     server.set_app(application)
     return server
-
 
 # ---- The command line ----
 
