@@ -35,6 +35,7 @@ laptop or behind a proxy; use gunicorn when it faces real traffic.
 """
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -50,16 +51,18 @@ import traceback
 from decimal import Decimal
 from hmac import compare_digest
 from http import HTTPStatus
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 __version__ = "1.0.0"
 # `app` is left out on purpose: it is built from the environment on first use.
-__all__ = ["HTTPError", "OPENAPI", "PlantStore", "SQLiteStore", "make_app", "make_server", "main"]
+__all__ = ["HTTPError", "OPENAPI", "PlantStore", "PostgresStore", "SQLStore", "SQLiteStore", "make_app", "make_server", "main"]
 
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
+CONNECT_TIMEOUT = 3  # seconds a SQL store waits to connect before the request answers 503
+RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -380,9 +383,11 @@ def tokens_from_environ(environ=os.environ):
 
 
 def store_from_environ(environ=os.environ):
-    """Return an SQLiteStore when PLANTSTORE_DB names a file, else None (the in-memory store)."""
-    path = environ.get(DB_VARIABLE, "").strip()
-    return SQLiteStore(path) if path else None
+    """Return the store PLANTSTORE_DB names: a postgresql:// URL, an SQLite file, or None (in memory)."""
+    target = environ.get(DB_VARIABLE, "").strip()
+    if target.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(target)
+    return SQLiteStore(target) if target else None
 
 
 def __getattr__(name):
@@ -404,28 +409,128 @@ def __getattr__(name):
 
 # ---- The SQL stores: SQLite and PostgreSQL, one class ----
 
-class SQLiteStore:
-    """Plants in an SQLite file: a 200 means committed, ids are unique across processes, restarts lose nothing."""
+class SQLStore:
+    """Plants in a SQL database that every worker shares: a 200 means committed.
 
-    busy_seconds = 60  # how long a connection waits for another one to let go of the file
+    One class over two DB-API drivers, as peewee does it: the SQL is written once, and each engine's
+    differences (connecting, its DDL, its placeholder, the errors that mean "the database is away")
+    are the few lines of its subclass. Every thread has a connection of its own, opened on first use
+    and dropped on the first error, so the next request opens a new one: while the database cannot
+    be reached, requests answer 503 with Retry-After, and once it is back they succeed again.
+    """
+
+    sql = {
+        "insert": "INSERT INTO plants (id, name, tag) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING RETURNING seq",
+        "page": "SELECT seq, name, tag FROM plants WHERE seq > ? ORDER BY seq LIMIT ?",
+        "delete": "DELETE FROM plants WHERE id = ? RETURNING seq",
+        "columns": "SELECT * FROM plants LIMIT 0",
+    }
+    schema = ()  # the statements that make the tables, in the engine's own DDL
+    unavailable = ()  # the driver's exceptions that mean "the database is away", dropping the connection
+
+    def __init__(self, shown):
+        self.shown = shown  # how messages name the database: never with its password
+        self._local = threading.local()
+        self._write_lock = contextlib.nullcontext()  # an engine that queues writers sets a lock
+        self._away = False
+
+    def add(self, plant_id, name, tag):
+        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        return bool(self._run("insert", (plant_id, _utf8(name), None if tag is None else _utf8(tag)), write=True))
+
+    def list(self, limit=None):
+        """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
+        rows = self._run("page", (0, INT64_MAX if limit is None else limit))
+        return [(_text(name), None if tag is None else _text(tag)) for _, name, tag in rows]
+
+    def delete(self, plant_id):
+        """Remove the plant and return True, or return False if there was none."""
+        return bool(self._run("delete", (plant_id,), write=True))
+
+    def _run(self, statement, parameters, *, write=False):
+        """Run one statement on this thread's connection and return its rows; a database away is a 503."""
+        try:
+            with self._write_lock if write else contextlib.nullcontext():
+                db = self._connection()
+                rows = db.execute(self.sql[statement], parameters).fetchall()  # all: the statement is done
+                self._check(db)
+        except self.unavailable as error:
+            self._drop(error)
+            raise HTTPError(503, "the database is unavailable; try again shortly",
+                            headers=[("Retry-After", str(RETRY_AFTER))]) from None
+        if self._away:
+            self._away = False
+            _log(f"the database {self.shown} is reachable again")
+        return rows
+
+    def _connection(self):
+        """This thread's connection, made in this process (a forked worker never uses its parent's)."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            local.db, local.pid = None, os.getpid()
+        if local.db is None:
+            db = self.connect()
+            try:
+                self.setup(db)
+            except BaseException:
+                db.close()
+                raise
+            local.db = db
+        return local.db
+
+    def setup(self, db):
+        """Make the tables unless they exist, and refuse a 'plants' table that plantstore did not make."""
+        for statement in self.schema:
+            db.execute(statement)
+        columns = [column[0] for column in db.execute(self.sql["columns"]).description]
+        if columns != ["seq", "id", "name", "tag"]:
+            raise ValueError(f"{self.shown} has a 'plants' table that plantstore did not make")
+
+    def _check(self, db):
+        """Raise one of self.unavailable if what was just done cannot be trusted (SQLite: the file is gone)."""
+
+    def _drop(self, error):
+        """Close this thread's connection after an error; say so once per outage, password masked."""
+        db, self._local.db = getattr(self._local, "db", None), None
+        with contextlib.suppress(Exception):
+            db.close()
+        if not self._away:
+            self._away = True
+            _log(f"the database {self.shown} is unavailable: {self._mask(str(error).splitlines()[0])}")
+
+    def _mask(self, text):
+        return text
+
+
+class SQLiteStore(SQLStore):
+    """Plants in an SQLite file on this machine, shared by the worker processes that open it."""
+
+    schema = ("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+              " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",)
+    unavailable = (sqlite3.DatabaseError,)  # read-only, disk I/O, busy too long, the file gone
+    busy_seconds = 10  # how long a connection waits for another process to let go of the file
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._local = threading.local()
+        super().__init__(self.path)
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise ValueError(f"{folder}: no such directory, so {self.path} cannot be created")
+        if not os.access(folder, os.W_OK | os.X_OK):  # SQLite writes its journal beside the file
+            raise ValueError(f"{folder}: this user cannot write in this directory, which {self.path} needs")
+        # Threads queue here, in turn, rather than sleep in SQLite's busy handler and wake late.
+        self._write_lock = threading.Lock()
+        self._mode = "rwc"  # the first connection may create the file; later ones must find it
         try:  # a file that is not a plantstore database fails here, at start-up, not per request
-            db = self._connect()
-            db.execute("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-                       " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)")
-            columns = [row[1] for row in db.execute("PRAGMA table_info(plants)")]
-            db.close()
+            self._connection()
         except sqlite3.Error as error:
-            raise ValueError(f"{self.path} is not a plantstore database: {error}") from None
-        if columns != ["seq", "id", "name", "tag"]:
-            raise ValueError(f"{self.path} has a 'plants' table that plantstore did not make")
+            raise ValueError(f"{self.path} cannot be opened as a plantstore database: {error}") from None
+        self._mode = "rw"
 
-    def _connect(self):
-        db = sqlite3.connect(self.path, timeout=self.busy_seconds, isolation_level=None)  # autocommit
-        deadline = time.monotonic() + self.busy_seconds
+    def connect(self):
+        uri = f"file:{quote(os.path.abspath(self.path))}?mode={self._mode}"
+        db = sqlite3.connect(uri, uri=True, timeout=self.busy_seconds, isolation_level=None)  # autocommit
+        deadline = time.monotonic() + 60
         while True:  # WAL: readers and a writer at once
             try:
                 db.execute("PRAGMA journal_mode=WAL")
@@ -434,33 +539,57 @@ class SQLiteStore:
                 # Turning a new file to WAL does not wait out the busy timeout: while another worker
                 # that boots at the same moment does it, this one is told SQLITE_BUSY at once.
                 if error.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
+                    db.close()
                     raise
                 time.sleep(0.01)
         db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
+        self._local.file = self._identity()
         return db
 
-    def _db(self):
-        """This thread's connection, made in this process: connections are not shared across either."""
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            local.db, local.pid = self._connect(), os.getpid()
-        return local.db
+    def _identity(self):
+        with contextlib.suppress(OSError):
+            found = os.stat(self.path)
+            return found.st_dev, found.st_ino
+        return None
 
-    def add(self, plant_id, name, tag):
+    def _check(self, db):
+        # A file deleted or replaced under a running service: what this connection wrote, no one will read.
+        if self._identity() != self._local.file:
+            raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while in use")
+
+
+class PostgresStore(SQLStore):
+    """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares them."""
+
+    sql = {name: text.replace("?", "%s") for name, text in SQLStore.sql.items()}
+    schema = ("BEGIN",
+              # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races in
+              # PostgreSQL, so one at a time makes the tables, under a lock that the transaction holds.
+              "SELECT pg_advisory_xact_lock(7274)",
+              "CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+              " id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA)",
+              "COMMIT")
+
+    def __init__(self, url):
         try:
-            self._db().execute("INSERT INTO plants (id, name, tag) VALUES (?, ?, ?)",
-                               (plant_id, _utf8(name), None if tag is None else _utf8(tag)))
-        except sqlite3.IntegrityError:  # the id is taken: the database keeps ids unique
-            return False
-        return True
+            import psycopg  # the one dependency outside the standard library, for this store alone
+        except ImportError:
+            raise ValueError(f"{DB_VARIABLE} names a PostgreSQL database, which needs psycopg: "
+                             "pip install 'plantstore[postgres]'") from None
+        self.url, self._psycopg = url, psycopg
+        self._password = unquote(urlsplit(url).password or "")
+        super().__init__(self._mask(url))
+        self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
+        with contextlib.suppress(HTTPError):  # a database away at start-up is said once, then waited for
+            self._run("columns", ())
 
-    def list(self, limit=None):
-        rows = self._db().execute("SELECT name, tag FROM plants ORDER BY seq LIMIT ?",
-                                  (-1 if limit is None else limit,))
-        return [(_text(name), None if tag is None else _text(tag)) for name, tag in rows]
+    def connect(self):
+        return self._psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
 
-    def delete(self, plant_id):
-        return self._db().execute("DELETE FROM plants WHERE id = ?", (plant_id,)).rowcount == 1
+    def _mask(self, text):
+        for secret in {self._password, quote(self._password, safe="")} - {""}:  # as written, and as meant
+            text = text.replace(secret, "***")
+        return text
 
 
 def _utf8(text):
@@ -469,6 +598,11 @@ def _utf8(text):
 
 def _text(data):
     return data.decode("utf-8", "surrogatepass")
+
+
+def _log(message):
+    """One line for the operator, on stderr (gunicorn's error log)."""
+    print(f"plantstore: {message}", file=sys.stderr, flush=True)
 
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
@@ -494,6 +628,7 @@ _ERRORS = {  # status: (description, the header that comes with it)
     413: ("The request body is larger than the limit", None),
     415: ("The body is not application/json", "Accept"),
     500: ("The server failed", None),
+    503: ("The database is unavailable for a moment; try again after Retry-After seconds", "Retry-After"),
 }
 
 OPENAPI = {
@@ -508,21 +643,21 @@ OPENAPI = {
                                 "schema": {"type": "integer", "format": "int32", "minimum": 0}}],
                 "responses": _responses({"200": {"description": "The plants, oldest first",
                                                  "content": _json_content({"type": "array", "items": _PLANT})}},
-                                        400, 401, 500),
+                                        400, 401, 500, 503),
             },
             "post": {
                 "description": "Creates a new plant in the store",
                 "requestBody": {"description": "Plant to add to the store", "required": True,
                                 "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
                 "responses": _responses({"200": {"description": "plant response", "content": _json_content(_PLANT)}},
-                                        400, 401, 408, 409, 413, 415, 500),
+                                        400, 401, 408, 409, 413, 415, 500, 503),
             },
         },
         "/plants/{id}": {"delete": {
             "description": "Deletes a plant; its id can be used again",
             "parameters": [{"name": "id", "in": "path", "required": True, "description": "The plant's id",
                             "schema": {"type": "integer", "format": "int64"}}],
-            "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500),
+            "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500, 503),
         }},
         "/openapi.json": {"get": {
             "description": "This document: the one request that needs no token", "security": [],

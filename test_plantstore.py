@@ -1,19 +1,26 @@
 """Tests for plantstore: the contract's table of checks, hostile input, threads and real sockets."""
 
+import concurrent.futures
+import contextlib
 import gc
+import glob
 import http.client
 import importlib.util
 import io
+import itertools
 import json
 import os
 import queue
 import random
 import re
+import secrets
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -22,12 +29,14 @@ from wsgiref.validate import validator
 
 import hypothesis
 import openapi_spec_validator
+import psycopg
 import pytest
 import schemathesis
 import webtest
 
 import plantstore
-from plantstore import INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, SQLiteStore, make_app, make_server
+from plantstore import (INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, PostgresStore, SQLiteStore, make_app,
+                        make_server)
 
 TOKEN = "test-token-1"
 OTHER_TOKEN = "test-token-2"
@@ -681,8 +690,78 @@ def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
 
 # ---- Reading back and deleting, on both stores ----
 
-@pytest.fixture(params=["memory", "sqlite"])
+class Postgres:
+    """A PostgreSQL server of the suite's own: initdb in a temporary folder, pg_ctl on a free loopback port."""
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
+        self.as_postgres = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            shutil.chown(self.folder, "postgres")
+            self.as_postgres = ["runuser", "-u", "postgres", "--"]
+        self.password = secrets.token_urlsafe(18)  # through a file: never on a command line
+        password_file = self.folder / "password"
+        password_file.write_text(self.password)
+        password_file.chmod(0o600)
+        if self.as_postgres:
+            shutil.chown(password_file, "postgres")
+        self.port = free_port()
+        self._pg("initdb", "-D", self.folder / "data", "-U", "plantstore", "--pwfile", password_file,
+                 "-A", "scram-sha-256", "-E", "UTF8", "--no-sync")
+        password_file.unlink()
+        self.start()
+        self.url = f"postgresql://plantstore:{self.password}@127.0.0.1:{self.port}/plantstore"
+        with psycopg.connect(self.url.rpartition("/")[0] + "/postgres", autocommit=True) as db:
+            db.execute("CREATE DATABASE plantstore")
+
+    def _pg(self, program, *args):
+        binary = shutil.which(program) or max(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
+                                              key=lambda path: int(path.split("/")[4]), default=program)
+        subprocess.run([*self.as_postgres, binary, *map(str, args)], check=True, timeout=WAIT * 2,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+    def start(self):
+        self._pg("pg_ctl", "-D", self.folder / "data", "-l", self.folder / "log", "-w", "-t", WAIT, "start", "-o",
+                 f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off")
+
+    def stop(self):
+        self._pg("pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", "fast", "stop")
+
+    def reset(self):
+        with psycopg.connect(self.url, autocommit=True) as db:
+            db.execute("DROP TABLE IF EXISTS plants")
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """Started once for the suite, always stopped; no skip: if it cannot start, the tests that need it fail."""
+    server = Postgres()
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server._pg("pg_ctl", "-D", server.folder / "data", "-m", "immediate", "stop")
+        shutil.rmtree(server.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(postgres):
+    """The suite's database, emptied for this test."""
+    postgres.reset()
+    return postgres.url
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def any_store(request, tmp_path):
+    """Each store, held to the same behaviour: the in-memory one, SQLite and PostgreSQL."""
+    if request.param == "postgres":
+        return PostgresStore(request.getfixturevalue("pg_url"))
     return PlantStore() if request.param == "memory" else SQLiteStore(tmp_path / "plants.sqlite3")
 
 
@@ -830,7 +909,7 @@ def test_sqlite_store_refuses_a_file_that_is_not_its_database(tmp_path, content)
     path = tmp_path / "plants.sqlite3"
     path.write_bytes(content)
     if content:
-        with pytest.raises(ValueError, match="is not a plantstore database"):
+        with pytest.raises(ValueError, match="cannot be opened as a plantstore database"):
             SQLiteStore(path)
     else:
         assert SQLiteStore(path).list() == []
@@ -850,7 +929,7 @@ def test_python_plantstore_py_refuses_a_bad_database_in_one_line(spawn, tmp_path
                     environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "bad.db")))
     assert process.wait(WAIT) == 2
     err = process.stderr.read()
-    assert "is not a plantstore database" in err and "Traceback" not in err
+    assert "cannot be opened as a plantstore database" in err and "Traceback" not in err
 
 
 def test_kill_9_loses_no_answered_plant(spawn, tmp_path):
@@ -897,6 +976,192 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
         process.wait(WAIT)
         process, (host, port) = serve()
         assert over_http(host, port, TOKEN, "GET", "/plants") == (200, listed)
+
+
+# ---- SQL stores: a database away is a 503, and the service recovers by itself ----
+
+def assert_unavailable(response):
+    assert_error(response, 503, "database")
+    assert int(response.headers["Retry-After"]) > 0
+
+
+def test_postgres_away_is_503_then_recovers_without_a_restart(postgres, pg_url, capsys):
+    app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    post(app, {"id": 1, "name": "Fern"}, 200)
+    postgres.stop()
+    try:
+        assert_unavailable(post(app, {"id": 2, "name": "Ivy"}, 503))
+        assert_unavailable(app.get("/plants", headers=AUTH, status=503, expect_errors=True))
+        assert_unavailable(app.delete("/plants/1", headers=AUTH, status=503, expect_errors=True))
+    finally:
+        postgres.start()
+    post(app, {"id": 2, "name": "Ivy"}, 200)  # the same application, a new connection
+    assert app.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern"}, {"name": "Ivy"}]
+    logged = capsys.readouterr().err
+    assert "is unavailable" in logged and "reachable again" in logged
+    assert postgres.password not in logged and "plantstore:***@127.0.0.1" in logged
+
+
+def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, pg_url):
+    postgres.stop()
+    try:
+        app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))  # does not refuse to start
+        assert_unavailable(post(app, {"id": 1, "name": "Fern"}, 503))
+    finally:
+        postgres.start()
+    post(app, {"id": 1, "name": "Fern"}, 200)
+
+
+def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(spawn):
+    code = ("import runpy, sys; sys.modules['psycopg'] = None; sys.argv[1:] = ['--port', '0'];"
+            "runpy.run_path('plantstore.py', run_name='__main__')")
+    process = spawn([sys.executable, "-c", code], environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB="postgresql://plantstore:hunter2-secret@127.0.0.1:1/plants"))
+    assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert "pip install 'plantstore[postgres]'" in err and len(err.strip().splitlines()) == 2  # usage, then the line
+    assert "Traceback" not in err and "hunter2-secret" not in err
+
+
+def make_read_only(path, read_only):
+    """Make a file read-only even for root, who ignores permission bits (chattr +i), or writable again."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if read_only else "-i", str(path)], check=True)
+    else:
+        os.chmod(path, 0o444 if read_only else 0o644)
+
+
+def test_sqlite_recovers_from_a_read_only_spell_without_a_restart(tmp_path):
+    path = tmp_path / "plants.sqlite3"
+    app = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
+    one_thread = concurrent.futures.ThreadPoolExecutor(1)  # a gunicorn thread: it keeps its connection
+    try:
+        make_read_only(path, True)
+        try:  # this thread's first connection is made now, read-only
+            assert_unavailable(one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 503).result())
+        finally:
+            make_read_only(path, False)
+        one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 200).result()  # the same thread, writable again
+    finally:
+        one_thread.shutdown()
+    assert SQLiteStore(path).list() == [("Fern", None)]
+
+
+@pytest.mark.parametrize("change", ["deleted", "replaced"])
+def test_sqlite_acknowledges_nothing_into_a_file_deleted_or_replaced(tmp_path, change):
+    path = tmp_path / "plants.sqlite3"
+    app = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
+    post(app, {"id": 1, "name": "Fern"}, 200)
+    if change == "deleted":
+        os.remove(path)
+    else:  # a copy put in its place, as a careless restore from a backup would
+        sqlite3.connect(tmp_path / "other.sqlite3").close()
+        os.replace(tmp_path / "other.sqlite3", path)
+    # This thread's connection still has the old file open: what it writes there, no one would read.
+    assert_unavailable(post(app, {"id": 2, "name": "lost?"}, 503))
+    if change == "deleted":  # and new connections find no file: they do not make one anew
+        statuses = in_threads(8, lambda n: post(app, {"id": 10 + n, "name": "lost?"}, 503).status_int)
+        assert statuses == [503] * 8 and not path.exists()
+        assert_unavailable(app.get("/plants", headers=AUTH, status=503, expect_errors=True))
+
+
+def test_sqlite_names_a_missing_directory(tmp_path):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'nowhere'))}: no such directory"):
+        SQLiteStore(tmp_path / "nowhere" / "plants.sqlite3")
+
+
+def test_sqlite_names_a_directory_it_cannot_write(tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    make_read_only(folder, True)
+    try:
+        with pytest.raises(ValueError, match=f"^{re.escape(str(folder))}: this user cannot write in this directory"):
+            SQLiteStore(folder / "plants.sqlite3")
+    finally:
+        make_read_only(folder, False)
+
+
+# ---- Two gunicorn instances on one PostgreSQL ----
+
+def start_gunicorn(spawn, env, workers=1, threads=8):
+    """Start gunicorn on a free loopback port; return (process, host, port, its stderr lines) once all workers boot."""
+    process = spawn([sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads),
+                     "-b", "127.0.0.1:0", "plantstore:app"], env)
+    err = Lines(process.stderr)
+    host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
+    for _ in range(workers):
+        err.until(r"Booting worker")
+    return process, host, port, err
+
+
+@pytest.fixture
+def two_instances(spawn, pg_url):
+    """Two gunicorn instances x 2 workers x 4 threads, as on two machines, on the suite's PostgreSQL."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    return [start_gunicorn(spawn, env, workers=2, threads=4) for _ in range(2)]
+
+
+def test_two_gunicorn_instances_on_postgres_share_ids_and_order(two_instances):
+    addresses = [(host, port) for _, host, port, _ in two_instances]
+    attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
+    statuses = in_threads(len(attempts), lambda k: post_over_http(
+        *addresses[k % 2], TOKEN, {"id": attempts[k][0], "name": f"id {attempts[k][0]} by racer {attempts[k][1]}"})[0])
+    assert sorted(statuses) == [200] * 20 + [409] * 300
+    for plant_id in range(100, 110):  # one after another, on alternate instances
+        assert post_over_http(*addresses[plant_id % 2], TOKEN, {"id": plant_id, "name": f"id {plant_id}"})[0] == 200
+    first, second = (over_http(*address, TOKEN, "GET", "/plants") for address in addresses)
+    assert first == second and first[0] == 200
+    assert [p["name"] for p in first[1][20:]] == [f"id {plant_id}" for plant_id in range(100, 110)]
+    assert sorted(int(p["name"].split()[1]) for p in first[1][:20]) == list(range(20))
+    os.killpg(two_instances[0][0].pid, signal.SIGKILL)  # kill -9 of one instance: the other serves on
+    two_instances[0][0].wait(WAIT)
+    assert post_over_http(*addresses[1], TOKEN, {"id": 200, "name": "after the kill"})[0] == 200
+    assert over_http(*addresses[1], TOKEN, "GET", "/plants")[1] == first[1] + [{"name": "after the kill"}]
+
+
+def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postgres):
+    addresses = [(host, port) for _, host, port, _ in two_instances]
+    answers, acknowledged, stop = [], [], threading.Event()
+
+    def client(n):
+        for k in itertools.count():
+            if stop.is_set():
+                return
+            plant_id = n * 1_000_000 + k
+            status, headers, _ = exchange(*addresses[k % 2], "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"})
+            answers.append((status, "Retry-After" in headers))
+            if status == 200:
+                acknowledged.append(plant_id)
+            else:
+                time.sleep(0.05)  # a real client would wait Retry-After seconds; the test keeps it short
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(1)
+        postgres.stop()
+        time.sleep(2)
+        postgres.start()
+        for address in addresses:  # each instance serves again, with nothing restarted
+            deadline = time.monotonic() + WAIT
+            while exchange(*address, "GET", "/plants?limit=1")[0] != 200:
+                assert time.monotonic() < deadline, "an instance did not recover"
+                time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert {status for status, _ in answers} == {200, 503}
+    assert all(has_retry_after for status, has_retry_after in answers if status == 503)
+    listed = {p["name"] for p in over_http(*addresses[0], TOKEN, "GET", "/plants")[1]}
+    assert {f"p{plant_id}" for plant_id in acknowledged} <= listed  # nothing answered 200 is lost
+    for process, _, _, err in two_instances:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(WAIT)
+        logged = err.rest()
+        assert "is unavailable" in logged and postgres.password not in logged
 
 
 # ---- The OpenAPI document, and schemathesis against it ----
@@ -951,26 +1216,32 @@ STATUS_CASES = [
     (("POST", "/plants"), dict(body=b" " * (MAX_BODY_BYTES + 1)), 413, None),
     (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}), 415, "Accept"),
     (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
+    (("POST", "/plants"), dict(body=PLANT, store="away"), 503, "Retry-After"),
     (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
     (("GET", "/plants"), dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}), 400, None),
     (("GET", "/plants"), dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
     (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", store="away"), 503, "Retry-After"),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="taken"), 204, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/x"), 400, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}), 401,
      "WWW-Authenticate"),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1"), 404, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="broken"), 500, None),
+    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="away"), 503, "Retry-After"),
     (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
 ]
 
 
 @pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES,
                          ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES])
-def test_every_status_an_operation_sends_is_in_the_document(operation, arguments, status, header):
+def test_every_status_an_operation_sends_is_in_the_document(operation, arguments, status, header, tmp_path):
     arguments = dict(arguments)
     given = arguments.pop("store", None)
     store = BrokenStore() if given == "broken" else PlantStore()
+    if given == "away":  # an SQLite file deleted under the running service
+        store = SQLiteStore(tmp_path / "plants.sqlite3")
+        os.remove(tmp_path / "plants.sqlite3")
     if given == "taken":
         store.add(1, "Taken", None)
     arguments["environ"] = {**arguments.get("environ", {}), "wsgi.errors": io.StringIO()}
@@ -1214,13 +1485,20 @@ def post_over_http(host, port, token, document):
 
 def over_http(host, port, token, method, path, document=None):
     """Send one request; return (status, decoded JSON body or None)."""
+    status, _, body = exchange(host, port, method, path, document, token=token)
+    return status, body
+
+
+def exchange(host, port, method, path, document=None, *, token=TOKEN, headers=None):
+    """Send one request; return (status, headers, decoded JSON body or None)."""
     connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
     try:
         body = None if document is None else json.dumps(document)
-        connection.request(method, path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        connection.request(method, path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+                                                **(headers or {})})
         response = connection.getresponse()
         data = response.read()
-        return response.status, json.loads(data) if data else None
+        return response.status, dict(response.getheaders()), json.loads(data) if data else None
     finally:
         connection.close()
 
