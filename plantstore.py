@@ -36,6 +36,7 @@ laptop or behind a proxy; use gunicorn when it faces real traffic.
 
 import argparse
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -507,7 +508,7 @@ class SQLiteStore(SQLStore):
 
     schema = ("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
               " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",)
-    unavailable = (sqlite3.DatabaseError,)  # read-only, disk I/O, busy too long, the file gone
+    unavailable = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, busy too long, the file gone
     busy_seconds = 10  # how long a connection waits for another process to let go of the file
 
     def __init__(self, path):
@@ -518,8 +519,7 @@ class SQLiteStore(SQLStore):
             raise ValueError(f"{folder}: no such directory, so {self.path} cannot be created")
         if not os.access(folder, os.W_OK | os.X_OK):  # SQLite writes its journal beside the file
             raise ValueError(f"{folder}: this user cannot write in this directory, which {self.path} needs")
-        # Threads queue here, in turn, rather than sleep in SQLite's busy handler and wake late.
-        self._write_lock = threading.Lock()
+        self._write_lock = _WriteQueue(self.path + "-writers")
         self._mode = "rwc"  # the first connection may create the file; later ones must find it
         try:  # a file that is not a plantstore database fails here, at start-up, not per request
             self._connection()
@@ -556,6 +556,32 @@ class SQLiteStore(SQLStore):
         # A file deleted or replaced under a running service: what this connection wrote, no one will read.
         if self._identity() != self._local.file:
             raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while in use")
+
+
+class _WriteQueue:
+    """Writers of every process take turns here, woken as soon as the one before them is done.
+
+    SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a writer could
+    wait far longer than the others. A lock per process, then an flock(2) on a file beside the
+    database, queue them instead.
+    """
+
+    def __init__(self, path):
+        self.path, self._thread_lock, self._fd, self._pid = path, threading.Lock(), None, None
+
+    def __enter__(self):
+        self._thread_lock.acquire()
+        try:
+            if self._pid != os.getpid():  # opened in each process: a forked worker has its own
+                self._fd, self._pid = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600), os.getpid()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+
+    def __exit__(self, *exc_info):
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._thread_lock.release()
 
 
 class PostgresStore(SQLStore):

@@ -693,7 +693,8 @@ def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
 class Postgres:
     """A PostgreSQL server of the suite's own: initdb in a temporary folder, pg_ctl on a free loopback port."""
 
-    def __init__(self):
+    def __init__(self, durable=False):
+        self.durable = durable  # the tests need no fsync; the benchmark measures PostgreSQL as shipped
         self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
         self.as_postgres = []
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
@@ -721,11 +722,17 @@ class Postgres:
                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
     def start(self):
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
         self._pg("pg_ctl", "-D", self.folder / "data", "-l", self.folder / "log", "-w", "-t", WAIT, "start", "-o",
-                 f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=off")
+                 options if self.durable else f"{options} -c fsync=off")
 
     def stop(self):
         self._pg("pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", "fast", "stop")
+
+    def remove(self):
+        with contextlib.suppress(Exception):
+            self._pg("pg_ctl", "-D", self.folder / "data", "-m", "immediate", "stop")
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def reset(self):
         with psycopg.connect(self.url, autocommit=True) as db:
@@ -745,9 +752,7 @@ def postgres():
     try:
         yield server
     finally:
-        with contextlib.suppress(Exception):
-            server._pg("pg_ctl", "-D", server.folder / "data", "-m", "immediate", "stop")
-        shutil.rmtree(server.folder, ignore_errors=True)
+        server.remove()
 
 
 @pytest.fixture

@@ -21,6 +21,11 @@ so it does not move it.
 3. Memory: bytes per stored plant at 1,000,000 plants with short names and tags.
 4. The SQLite store against the in-memory one: creates per second in process, and
    over HTTP under gunicorn -w 4 --threads 4 with PLANTSTORE_DB.
+5. Durable creates over HTTP, all in one run: PostgreSQL and SQLite under
+   gunicorn -w 2 --threads 4, the in-memory store under -w 1 --threads 8; requests
+   per second, p99 and the longest wait. PostgreSQL is started the way the tests
+   start it, with its durable defaults (fsync, synchronous_commit on), so this
+   section also needs the test extra: pip install -e '.[bench,test]'.
 """
 
 import argparse
@@ -249,15 +254,25 @@ def start_server(kind, port, db_path):
     return process
 
 
-def run_wrk(port, script, seconds, connections, id_base):
+def run_wrk(port, script, seconds, connections, id_base, latencies=None):
+    """Requests per second, non-2xx answers and socket errors; with a dict, also its p99 and max in ms."""
     env = {**os.environ, "BENCH_TOKEN": TOKEN, "BENCH_ID_BASE": str(id_base)}
-    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "-s", script,
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency", "-s", script,
                           f"http://127.0.0.1:{port}/plants"], env=env, capture_output=True, text=True,
                          timeout=seconds + 60, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
     non_2xx = int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    if latencies is not None:
+        latencies["p99"] = milliseconds(re.search(r"99%\s+([\d.]+\w+)", out)[1])
+        latencies["max"] = milliseconds(re.search(r"Latency\s+\S+\s+\S+\s+([\d.]+\w+)", out)[1])
     return rps, non_2xx, errors
+
+
+def milliseconds(text):
+    """wrk's 950.00us, 1.20ms or 1.05s, in milliseconds."""
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1, "s": 1000, "m": 60000}[unit]
 
 
 def bench_http(rounds, seconds, connections, db_path):
@@ -320,6 +335,60 @@ def bench_stores(rounds, per_round, db_path):
     return summarize(samples, "memory")
 
 
+# ---- 5. Durable creates over HTTP: PostgreSQL, SQLite, memory ----
+
+DURABLE = {  # label: (PLANTSTORE_DB, gunicorn's workers and threads)
+    "memory, -w 1 --threads 8": (None, 1, 8),
+    "SQLite, -w 2 --threads 4": ("sqlite", 2, 4),
+    "PostgreSQL, -w 2 --threads 4": ("postgres", 2, 4),
+}
+
+
+def bench_durable(rounds, seconds, connections, workdir):
+    """Per server: median requests/s, the worst round's p99, the longest wait (ms), and bad answers."""
+    sys.path.insert(0, str(HERE.parent))
+    from test_plantstore import Postgres  # the tests' own server: initdb and pg_ctl in a temporary folder
+
+    postgres = Postgres(durable=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT)
+    servers = {}
+    try:
+        for label, (db, workers, threads) in DURABLE.items():
+            env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
+            env.pop("WEB_CONCURRENCY", None)
+            env.pop("PLANTSTORE_DB", None)
+            if db:
+                env["PLANTSTORE_DB"] = postgres.url if db == "postgres" else os.path.join(workdir, "durable.sqlite3")
+            port = free_port()
+            servers[label] = port, subprocess.Popen(
+                [sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads), "-k", "gthread",
+                 "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
+                 "plantstore:app"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            wait_for_port(port, servers[label][1])
+        samples, worst = [], {label: {"p99": 0, "max": 0, "bad": 0} for label in DURABLE}
+        for round_number in range(rounds):
+            samples.append({})
+            order = list(DURABLE)[round_number % 3:] + list(DURABLE)[:round_number % 3]  # each first in turn
+            for label in order:
+                latencies = {}
+                rps, non_2xx, errors = run_wrk(servers[label][0], script.name, seconds, connections,
+                                               id_base=(round_number + 1) * 10**12, latencies=latencies)
+                samples[-1][label] = rps
+                worst[label] = {"p99": max(worst[label]["p99"], latencies["p99"]),
+                                "max": max(worst[label]["max"], latencies["max"]),
+                                "bad": worst[label]["bad"] + non_2xx + errors}
+    finally:
+        for _, process in servers.values():
+            process.terminate()
+            process.wait(30)
+        os.unlink(script.name)
+        postgres.remove()
+    return {label: (rps, ratio, worst[label]) for label, (rps, ratio) in
+            summarize(samples, "memory, -w 1 --threads 8").items()}
+
+
 # ---- Report ----
 
 def main(argv=None):
@@ -334,6 +403,9 @@ def main(argv=None):
     parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
     parser.add_argument("--store-rounds", type=int, default=5)
     parser.add_argument("--store-per-round", type=int, default=2_000, help="creates per store per round")
+    parser.add_argument("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
+    parser.add_argument("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
+    parser.add_argument("--only", choices=["durable"], help="run one section alone")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
     args = parser.parse_args(argv)
     if args.worker:
@@ -347,6 +419,17 @@ def main(argv=None):
     print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"command: python benchmarks/bench_plantstore.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+
+    if not args.quick:
+        durable = bench_durable(args.durable_rounds, args.durable_seconds, args.connections, workdir.name)
+        print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections}, {args.durable_rounds} interleaved rounds of "
+              f"{args.durable_seconds} s; requests/s is the median round, p99 the worst round's, max the longest wait:")
+        print(f"  {'store, gunicorn':<30} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  {'max ms':>7}  {'errors':>6}")
+        for label, (rps, vs_memory, worst) in durable.items():
+            print(f"  {label:<30} {rps:>10.0f}  {vs_memory:>8.3f}x  {worst['p99']:>7.1f}  {worst['max']:>7.1f}  "
+                  f"{worst['bad']:>6}")
+    if args.only == "durable":
+        return 0
 
     micro = bench_in_process(args.processes, args.rounds, args.per_round)
     print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of {args.per_round} valid "
