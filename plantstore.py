@@ -35,10 +35,14 @@ laptop or behind a proxy; use gunicorn when it faces real traffic.
 """
 
 import argparse
+import array
+import base64
+import bisect
 import contextlib
 import fcntl
 import itertools
 import json
+import operator
 import os
 import re
 import secrets
@@ -67,6 +71,7 @@ RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
+PAGE_MAX = 1000  # plants in one page; a listing without `limit` streams pages of this size
 
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
@@ -240,51 +245,95 @@ def url_integer(text, name, *limits):
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 
 
-def query_limit(environ):
-    """Return the `limit` query parameter: None when absent, else one integer from 0 to INT32_MAX."""
-    values = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).get("limit")
-    if values is None:
-        return None
-    if len(values) > 1:
-        raise HTTPError(400, "'limit' may be given once")
-    return url_integer(values[0], "limit", 0, INT32_MAX, "int32")
+def query_page(environ):
+    """Return `limit` (None, or one integer from 0 to INT32_MAX) and `after` (None, or a cursor's key)."""
+    query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    limit, after = query.get("limit"), query.get("after")
+    for name, values in ("limit", limit), ("after", after):
+        if values is not None and len(values) > 1:
+            raise HTTPError(400, f"'{name}' may be given once")
+    if limit is not None:
+        limit = url_integer(limit[0], "limit", 0, INT32_MAX, "int32")
+    if after is not None:
+        if not _CURSOR.fullmatch(after[0]):
+            raise HTTPError(400, "'after' must be a cursor from a Link header of this service")
+        after = int.from_bytes(base64.urlsafe_b64decode(after[0] + "="), "big", signed=True)  # an int64
+    return limit, after
+
+
+def cursor(key):
+    """The opaque `after` of a next link: the store's key of the last plant on the page, as base64url."""
+    return base64.urlsafe_b64encode(key.to_bytes(8, "big", signed=True)).rstrip(b"=").decode("ascii")
+
+
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 
 # ---- The in-memory store ----
 
 class PlantStore:
-    """The default store: names and tags by id in two dicts, in creation order, guarded by a lock.
+    """The default store: plants in creation order in memory, guarded by a lock.
 
-    Two dicts rather than one of (name, tag) tuples: every new tuple counts toward the garbage
-    collector's next run (under gunicorn, one about every 500 creates), while a dict of ints to
-    strings and None is never tracked at all, so no collection walks it however large it grows.
+    Each plant has a slot: its creation number (`seq`), name and tag sit at the same index of an
+    array and two lists, and a dict maps its id to its seq. A page starts where a binary search of
+    the seqs puts it, so it costs what it holds, however large the store. A deleted plant leaves
+    an empty slot, which pages skip; once the empty slots outnumber the plants, they are dropped.
+    Nothing here is a new object per plant for the garbage collector to track: the dict holds
+    ints only, the lists are two objects however long, and their items are strings and None.
     """
 
     def __init__(self):
-        self._names, self._tags = {}, {}  # always the same ids, in the same order
+        self._seq = {}  # id: seq, for the plants that exist
+        self._seqs, self._names, self._tags = array.array("q"), [], []  # the slots; a deleted one's name is None
+        self._first = 0  # no plant in the slots before this index
+        self._next = 1
         self._lock = threading.Lock()
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
         self._lock.acquire()  # not `with`, which here costs as much again as the lock itself
         try:
-            if plant_id in self._names:
+            if plant_id in self._seq:
                 return False
-            self._names[plant_id], self._tags[plant_id] = name, tag
+            self._seq[plant_id] = seq = self._next
+            self._next = seq + 1
+            self._seqs.append(seq)
+            self._names.append(name)
+            self._tags.append(tag)
             return True
         finally:
             self._lock.release()
 
+    def page(self, after, limit):
+        """Return up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
+        with self._lock:
+            names, tags, seqs, page = self._names, self._tags, self._seqs, []
+            index = self._first if after is None else max(self._first, bisect.bisect_right(seqs, after))
+            while len(page) < limit and index < len(names):
+                if names[index] is not None:
+                    page.append((seqs[index], names[index], tags[index]))
+                index += 1
+            return page
+
     def list(self, limit=None):
-        """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
-        with self._lock:  # a copy, taken whole: another thread may add meanwhile
-            return list(itertools.islice(zip(self._names.values(), self._tags.values()), limit))
+        """Return up to `limit` (None: all) (name, tag) pairs, oldest first (the first store interface)."""
+        return [(name, tag) for _, name, tag in self.page(None, INT64_MAX if limit is None else limit)]
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
         with self._lock:
-            if plant_id not in self._names:
+            seq = self._seq.pop(plant_id, None)
+            if seq is None:
                 return False
-            del self._names[plant_id], self._tags[plant_id]
+            names, index = self._names, bisect.bisect_left(self._seqs, seq)
+            names[index] = self._tags[index] = None
+            while self._first < len(names) and names[self._first] is None:  # deleting the oldest stays cheap
+                self._first += 1
+            if len(names) > 2 * len(self._seq) + 1000:  # as many empty slots as plants, and some: drop them
+                keep = list(map(operator.is_not, names, itertools.repeat(None)))
+                self._seqs = array.array("q", itertools.compress(self._seqs, keep))
+                self._names = list(itertools.compress(names, keep))
+                self._tags = list(itertools.compress(self._tags, keep))
+                self._first = 0
             return True
 
 
@@ -322,6 +371,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         raise ValueError("max_body_bytes must be a non-negative integer")
     credentials = [f"Bearer {token}" for token in tokens]
     store = PlantStore() if store is None else store
+    page = getattr(store, "page", None) or _pages_from_list(store)
     document = json.dumps(OPENAPI, indent=2).encode("ascii")
 
     # Each handler takes the environ and the {id} of the path (None on other routes), and returns
@@ -330,19 +380,28 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         plant_id, name, tag = read_new_plant(read_body(environ, max_body_bytes))
         if not store.add(plant_id, name, tag):
             raise HTTPError(409, "a plant with this 'id' already exists")
-        return 200, plant_json(name, tag)
+        return 200, plant_json(name, tag), ()
 
     def list_plants(environ, _):
-        plants = store.list(query_limit(environ))
-        return 200, b"[" + b", ".join(plant_json(name, tag) for name, tag in plants) + b"]"
+        limit, after = query_page(environ)
+        if limit is None:  # every plant, a page at a time: memory does not grow with the store
+            return 200, stream_plants(page, after, page(after, PAGE_MAX)), ()
+        size = min(limit, PAGE_MAX)
+        plants, headers = page(after, size + 1), ()  # one more than is answered tells whether more follow
+        if len(plants) > size:
+            del plants[size:]
+            if plants:  # a page of none would link to itself
+                link = f"{quote(environ.get('SCRIPT_NAME', ''))}/plants?limit={limit}&after={cursor(plants[-1][0])}"
+                headers = [("Link", f'<{link}>; rel="next"')]
+        return 200, b"[" + b", ".join([plant_json(name, tag) for _, name, tag in plants]) + b"]", headers
 
     def delete_plant(environ, plant_id):
         if not store.delete(url_integer(plant_id, "id")):
             raise HTTPError(404, "no plant has this 'id'")
-        return 204, b""
+        return 204, b"", ()
 
     def read_document(environ, _):  # the one handler anyone may call: tools read it before they have a token
-        return 200, document
+        return 200, document, ()
 
     routes = {"/plants": {"GET": list_plants, "POST": create_plant}, "/openapi.json": {"GET": read_document}}
     plant_route = {"DELETE": delete_plant}  # /plants/{id}
@@ -364,18 +423,40 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
                 raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
             if handler is not read_document:
                 check_bearer(environ, credentials)
-            status, body = handler(environ, plant_id)
+            status, body, headers = handler(environ, plant_id)
         except HTTPError as error:
             status, headers, body = error.status, error.headers, error_json(error.status, error.message)
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, body = 500, error_json(500, "internal server error")
         # The Content-Type pair is written out: a literal is one constant, not a tuple built per answer.
+        if type(body) is not bytes:  # a streamed listing: its length is not known before its end
+            start_response(_STATUS_LINES[status], [("Content-Type", "application/json"), *headers])
+            return body
         start_response(_STATUS_LINES[status], [] if status == 204 else [
             ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers])
         return [body]
 
     return application
+
+
+def stream_plants(page, after, plants):
+    """Yield one JSON array of every plant after `after`, a page at a time, from the first page on."""
+    yield b"["
+    comma = b""
+    while plants:
+        yield comma + b", ".join([plant_json(name, tag) for _, name, tag in plants])
+        comma = b", "
+        plants = page(plants[-1][0], PAGE_MAX) if len(plants) == PAGE_MAX else None
+    yield b"]"
+
+
+def _pages_from_list(store):
+    """Pages of a store written to the first interface (add, list, delete): each one reads the whole list."""
+    def page(after, limit):
+        start = after or 0  # the key is the position in the list
+        return [(start + n, name, tag) for n, (name, tag) in enumerate(store.list(None)[start:start + limit], 1)]
+    return page
 
 
 def tokens_from_environ(environ=os.environ):
@@ -439,10 +520,14 @@ class SQLStore:
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
         return bool(self._run("insert", (plant_id, _utf8(name), None if tag is None else _utf8(tag)), write=True))
 
+    def page(self, after, limit):
+        """Return up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
+        rows = self._run("page", (after or 0, limit))
+        return [(seq, _text(name), None if tag is None else _text(tag)) for seq, name, tag in rows]
+
     def list(self, limit=None):
-        """Return up to `limit` (None: all) (name, tag) pairs, oldest first."""
-        rows = self._run("page", (0, INT64_MAX if limit is None else limit))
-        return [(_text(name), None if tag is None else _text(tag)) for _, name, tag in rows]
+        """Return up to `limit` (None: all) (name, tag) pairs, oldest first (the first store interface)."""
+        return [(name, tag) for _, name, tag in self.page(0, INT64_MAX if limit is None else limit)]
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -664,12 +749,18 @@ OPENAPI = {
     "paths": {
         "/plants": {
             "get": {
-                "description": "Lists plants, oldest first",
-                "parameters": [{"name": "limit", "in": "query", "description": "How many plants at most",
-                                "schema": {"type": "integer", "format": "int32", "minimum": 0}}],
-                "responses": _responses({"200": {"description": "The plants, oldest first",
-                                                 "content": _json_content({"type": "array", "items": _PLANT})}},
-                                        400, 401, 500, 503),
+                "description": "Lists plants, oldest first: without `limit`, every plant (streamed, with no "
+                               "Content-Length); with it, one page, and a `Link` to the next when more follow",
+                "parameters": [
+                    {"name": "limit", "in": "query", "description": f"How many plants at most (a page holds "
+                     f"{PAGE_MAX} at most)", "schema": {"type": "integer", "format": "int32", "minimum": 0}},
+                    {"name": "after", "in": "query", "description": "Where a page starts: the cursor of a next "
+                     "link, opaque to clients", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{11}$"}}],
+                "responses": _responses({"200": {
+                    "description": "The plants, oldest first",
+                    "headers": {"Link": {"description": 'The next page, as <...>; rel="next" (RFC 8288), when '
+                                                        "more plants may follow", "schema": {"type": "string"}}},
+                    "content": _json_content({"type": "array", "items": _PLANT})}}, 400, 401, 500, 503),
             },
             "post": {
                 "description": "Creates a new plant in the store",

@@ -58,7 +58,8 @@ def app(store):
 
 def stored(store):
     """What an in-memory store holds, by id: (name, tag)."""
-    return {plant_id: (name, store._tags[plant_id]) for plant_id, name in store._names.items()}
+    plants = {seq: (name, tag) for seq, name, tag in store.page(None, INT64_MAX)}
+    return {plant_id: plants[seq] for plant_id, seq in store._seq.items()}
 
 
 def post(app, body, status, *, headers=AUTH, content_type="application/json", **kwargs):
@@ -684,7 +685,7 @@ def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
         if was_enabled:
             gc.enable()
     assert new_tracked < 100  # one (name, tag) tuple per plant would make it 1,000
-    assert not gc.is_tracked(store._names) and not gc.is_tracked(store._tags)  # no collection walks them
+    assert not gc.is_tracked(store._seq)  # ints only: no collection walks it (the slots are three objects in all)
     assert stored(store)[999] == ("p999", "indoor") and store.list(1) == [("p0", "indoor")]
 
 
@@ -850,6 +851,136 @@ def test_read_and_delete_need_the_token(any_app, method, path, headers, error):
     response = any_app.request(path, method=method, headers=headers, status=401, expect_errors=True)
     assert_error(response, 401)
     assert ('error="invalid_token"' in response.headers["WWW-Authenticate"]) == (error == "invalid_token")
+
+
+# ---- Pages, and the whole listing streamed ----
+
+def next_link(response):
+    """The target of a rel="next" Link header, or None."""
+    match = re.fullmatch(r'<([^>]+)>; rel="next"', response.headers.get("Link", ""))
+    return match and match[1]
+
+
+def follow_pages(application, first, meanwhile=lambda page_number: None):
+    """GET first, then every next link; return the names seen, in order, and how many pages."""
+    names, url, pages = [], first, 0
+    while url:
+        response = application.get(url, headers=AUTH, status=200)
+        names += [plant["name"] for plant in response.json]
+        url, pages = next_link(response), pages + 1
+        meanwhile(pages)
+    return names, pages
+
+
+def test_next_links_visit_every_plant_once_oldest_first(any_store):
+    for plant_id in range(2100):
+        any_store.add(plant_id, f"p{plant_id}", None)
+    application = webtest.TestApp(make_app([TOKEN], store=any_store))
+    assert follow_pages(application, "/plants?limit=1000") == ([f"p{i}" for i in range(2100)], 3)
+
+
+def test_next_links_skip_no_plant_while_others_come_and_go(any_store):
+    for plant_id in range(60):
+        any_store.add(plant_id, f"p{plant_id}", None)
+    application = webtest.TestApp(make_app([TOKEN], store=any_store))
+
+    def meanwhile(page_number):  # after each page: one plant ahead and one behind deleted, one created
+        any_store.delete(page_number * 10 + 5)
+        any_store.delete(page_number * 10 - 3)
+        any_store.add(1000 + page_number, f"new {page_number}", None)
+
+    names, pages = follow_pages(application, "/plants?limit=10", meanwhile)
+    throughout = [f"p{i}" for i in range(60) if i % 10 not in (5, 7)]  # never deleted
+    assert [name for name in names if name in throughout] == throughout  # each once, in order
+    assert len(names) == len(set(names))
+    assert not {f"p{page * 10 + 5}" for page in range(1, pages)} & set(names)  # deleted before reached: left out
+
+
+def test_a_page_link_is_relative_to_where_the_app_is_mounted(store):
+    for plant_id in range(3):
+        store.add(plant_id, f"p{plant_id}", None)
+    response = webtest.TestApp(make_app([TOKEN], store=store)).get(
+        "/plants?limit=2", headers=AUTH, extra_environ={"SCRIPT_NAME": "/api v1"}, status=200)
+    assert re.fullmatch(r'</api%20v1/plants\?limit=2&after=[\w-]{11}>; rel="next"', response.headers["Link"])
+
+
+def test_the_last_page_and_an_empty_page_have_no_next_link(app, store):
+    for plant_id in range(4):
+        store.add(plant_id, f"p{plant_id}", None)
+    for query in ("limit=4", "limit=10", "limit=0"):
+        assert "Link" not in app.get(f"/plants?{query}", headers=AUTH, status=200).headers
+    assert app.get("/plants?limit=3", headers=AUTH, status=200).headers["Link"]
+
+
+@pytest.mark.parametrize("after", ["", "abc", "AAAAAAAAAA!", "AAAAAAAAAAAA", "%20AAAAAAAAAAA",
+                                   "AAAAAAAAAAI&after=AAAAAAAAAAI"])
+def test_a_malformed_cursor_is_400_naming_after(app, after):
+    response = app.get(f"/plants?limit=2&after={after}", headers=AUTH, status=400, expect_errors=True)
+    assert_error(response, 400, "'after'")
+
+
+@pytest.mark.parametrize("after", ["AAAAAAAAAAB", "__________8", "gAAAAAAAAAA", "Retry-After"])
+def test_any_well_formed_cursor_is_a_place_in_the_order(any_app, after):
+    post(any_app, {"id": 1, "name": "Fern"}, 200)
+    assert any_app.get(f"/plants?limit=5&after={after}", headers=AUTH, status=200).json in ([], [{"name": "Fern"}])
+
+
+def test_a_page_never_holds_more_than_page_max(app, store):
+    for plant_id in range(plantstore.PAGE_MAX + 5):
+        store.add(plant_id, "p", None)
+    response = app.get("/plants?limit=5000", headers=AUTH, status=200)
+    assert len(response.json) == plantstore.PAGE_MAX and "limit=5000&after=" in response.headers["Link"]
+
+
+def test_the_whole_listing_streams_a_page_at_a_time(store):
+    for plant_id in range(2500):
+        store.add(plant_id, f"p{plant_id}", "t" if plant_id % 2 else None)
+    asked = []
+
+    class Watched:  # the store, with each page it is asked for written down
+        add, delete = store.add, store.delete
+
+        def page(self, after, limit):
+            asked.append(limit)
+            return store.page(after, limit)
+
+    status, headers, body = call(make_app([TOKEN], store=Watched()), method="GET")
+    assert status == 200 and "Content-Length" not in headers and headers["Content-Type"] == "application/json"
+    assert body == [{"name": f"p{i}", **({"tag": "t"} if i % 2 else {})} for i in range(2500)]
+    assert asked == [plantstore.PAGE_MAX] * 3  # the lock is never held for more than one page
+
+
+def test_a_store_of_the_first_interface_still_pages(app):
+    class ListOnly:  # add, list and delete only, as README's example of 1.0 had it
+        def __init__(self):
+            self.plants = {}
+
+        def add(self, plant_id, name, tag):
+            return self.plants.setdefault(plant_id, (name, tag)) == (name, tag)
+
+        def list(self, limit):
+            return list(self.plants.values())[:limit]
+
+        def delete(self, plant_id):
+            return self.plants.pop(plant_id, None) is not None
+
+    store = ListOnly()
+    for plant_id in range(25):
+        store.add(plant_id, f"p{plant_id}", None)
+    application = webtest.TestApp(make_app([TOKEN], store=store))
+    assert follow_pages(application, "/plants?limit=10") == ([f"p{i}" for i in range(25)], 3)
+    assert len(application.get("/plants", headers=AUTH, status=200).json) == 25
+
+
+def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
+    """Deleting the oldest leaves nothing for a page to walk: the store drops or skips empty slots."""
+    for plant_id in range(20_000):
+        store.add(plant_id, "p", None)
+    for plant_id in range(18_000):
+        store.delete(plant_id)
+    assert len(store._names) < 2 * 2_000 + 1000  # the empty slots were dropped as they came to outnumber plants
+    assert store._names[store._first] is not None  # and a page starts at the first plant
+    assert [seq for seq, _, _ in store.page(None, 3)] == [18_001, 18_002, 18_003]
 
 
 # ---- The SQLite store across processes and restarts ----
