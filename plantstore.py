@@ -271,34 +271,40 @@ _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 # ---- The in-memory store ----
 
 class PlantStore:
-    """The default store: plants in creation order in memory, guarded by a lock.
+    """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant has a slot: its creation number (`seq`), name and tag sit at the same index of an
-    array and two lists, and a dict maps its id to its seq. A page starts where a binary search of
-    the seqs puts it, so it costs what it holds, however large the store. A deleted plant leaves
-    an empty slot, which pages skip; once the empty slots outnumber the plants, they are dropped.
-    Nothing here is a new object per plant for the garbage collector to track: the dict holds
-    ints only, the lists are two objects however long, and their items are strings and None.
+    Each plant gets a slot, numbered in creation order: its seq. Names and tags sit in chunks of
+    CHUNK slots, and a dict maps each id to its seq. A page starts at the chunk and index its seq
+    gives, so it costs what it holds however large the store is; it skips deleted plants, and a
+    chunk with no plant left is dropped whole. Nothing is a new object per plant for the garbage
+    collector to track: the dict holds ints, and a full chunk becomes a tuple of strings and None,
+    which the collector stops tracking after it first meets it, so no collection walks the store.
     """
+
+    CHUNK = 1024
 
     def __init__(self):
         self._seq = {}  # id: seq, for the plants that exist
-        self._seqs, self._names, self._tags = array.array("q"), [], []  # the slots; a deleted one's name is None
-        self._first = 0  # no plant in the slots before this index
-        self._next = 1
+        self._open_names, self._open_tags = [], []  # the last chunk, still a list
+        self._names, self._tags = [self._open_names], [self._open_tags]  # chunks: tuples once full, None once empty
+        self._first = self._next = 0  # no plant has a seq below _first; the next plant gets _next
         self._lock = threading.Lock()
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
         self._lock.acquire()  # not `with`, which here costs as much again as the lock itself
         try:
-            if plant_id in self._seq:
+            seq = self._next
+            if self._seq.setdefault(plant_id, seq) is not seq:  # looked up and stored at once
                 return False
-            self._seq[plant_id] = seq = self._next
             self._next = seq + 1
-            self._seqs.append(seq)
-            self._names.append(name)
-            self._tags.append(tag)
+            self._open_names.append(name)
+            self._open_tags.append(tag)
+            if len(self._open_names) == self.CHUNK:  # full: a tuple from now on, and a new open chunk
+                self._names[-1], self._tags[-1] = tuple(self._open_names), tuple(self._open_tags)
+                self._open_names, self._open_tags = [], []
+                self._names.append(self._open_names)
+                self._tags.append(self._open_tags)
             return True
         finally:
             self._lock.release()
@@ -306,12 +312,16 @@ class PlantStore:
     def page(self, after, limit):
         """Return up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
         with self._lock:
-            names, tags, seqs, page = self._names, self._tags, self._seqs, []
-            index = self._first if after is None else max(self._first, bisect.bisect_right(seqs, after))
-            while len(page) < limit and index < len(names):
-                if names[index] is not None:
-                    page.append((seqs[index], names[index], tags[index]))
-                index += 1
+            page, chunk_size = [], self.CHUNK
+            number, index = divmod(self._first if after is None else max(after + 1, self._first), chunk_size)
+            while len(page) < limit and number < len(self._names):
+                names, tags = self._names[number], self._tags[number]
+                for index in range(index, 0 if names is None else len(names)):
+                    if names[index] is not None:
+                        page.append((number * chunk_size + index, names[index], tags[index]))
+                        if len(page) == limit:
+                            break
+                number, index = number + 1, 0
             return page
 
     def list(self, limit=None):
@@ -324,16 +334,21 @@ class PlantStore:
             seq = self._seq.pop(plant_id, None)
             if seq is None:
                 return False
-            names, index = self._names, bisect.bisect_left(self._seqs, seq)
-            names[index] = self._tags[index] = None
-            while self._first < len(names) and names[self._first] is None:  # deleting the oldest stays cheap
-                self._first += 1
-            if len(names) > 2 * len(self._seq) + 1000:  # as many empty slots as plants, and some: drop them
-                keep = list(map(operator.is_not, names, itertools.repeat(None)))
-                self._seqs = array.array("q", itertools.compress(self._seqs, keep))
-                self._names = list(itertools.compress(names, keep))
-                self._tags = list(itertools.compress(self._tags, keep))
-                self._first = 0
+            number, index = divmod(seq, self.CHUNK)
+            if number == len(self._names) - 1:  # the open chunk, a list: changed in place
+                self._open_names[index] = self._open_tags[index] = None
+            else:  # a full chunk, a tuple: made anew, or dropped when no plant is left in it
+                names, tags = list(self._names[number]), list(self._tags[number])
+                names[index] = tags[index] = None
+                empty = names.count(None) == self.CHUNK
+                self._names[number], self._tags[number] = (None, None) if empty else (tuple(names), tuple(tags))
+            first = self._first
+            while first < self._next:  # deleting the oldest leaves pages nothing to walk over
+                names = self._names[first // self.CHUNK]
+                if names is not None and names[first % self.CHUNK] is not None:
+                    break
+                first = first + 1 if names is not None else (first // self.CHUNK + 1) * self.CHUNK
+            self._first = first
             return True
 
 

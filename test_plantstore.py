@@ -673,7 +673,7 @@ def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
 
 def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
     """Only ints, strings and None are kept: collections come no more often, nor take longer, as it grows."""
-    names = [f"p{i}" for i in range(1000)]
+    names = [f"p{i}" for i in range(3000)]
     was_enabled = gc.isenabled()
     gc.disable()  # the count of new tracked objects then only grows
     try:
@@ -684,9 +684,10 @@ def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
     finally:
         if was_enabled:
             gc.enable()
-    assert new_tracked < 100  # one (name, tag) tuple per plant would make it 1,000
-    assert not gc.is_tracked(store._seq)  # ints only: no collection walks it (the slots are three objects in all)
-    assert stored(store)[999] == ("p999", "indoor") and store.list(1) == [("p0", "indoor")]
+    assert new_tracked < 100  # one (name, tag) tuple per plant would make it 3,000
+    gc.collect()  # a full chunk is a tuple of strings and None, which the collector stops tracking once it meets it
+    assert not gc.is_tracked(store._seq) and not any(map(gc.is_tracked, store._names[:-1] + store._tags[:-1]))
+    assert stored(store)[2999] == ("p2999", "indoor") and store.list(1) == [("p0", "indoor")]
 
 
 # ---- Reading back and deleting, on both stores ----
@@ -973,15 +974,15 @@ def test_a_store_of_the_first_interface_still_pages(app):
 
 
 def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
-    """Deleting the oldest leaves nothing for a page to walk: the store drops or skips empty slots."""
+    """Deleting the oldest leaves nothing for a page to walk: chunks with no plant left are dropped."""
     for plant_id in range(20_000):
-        store.add(plant_id, "p", None)
+        store.add(plant_id, "", None)  # the empty name too is a plant
     for plant_id in range(18_000):
         store.delete(plant_id)
-    assert len(store._names) < 2 * 2_000 + 1000  # the empty slots were dropped as they came to outnumber plants
-    assert store._names[store._first] is not None  # and a page starts at the first plant
-    assert [seq for seq, _, _ in store.page(None, 3)] == [18_001, 18_002, 18_003]
-
+    assert store._names[:17] == [None] * 17 and store._first == 18_000  # 17 chunks of 1024 emptied
+    assert [seq for seq, _, _ in store.page(None, 3)] == [18_000, 18_001, 18_002]
+    assert [seq for seq, _, _ in store.page(5, 2)] == [18_000, 18_001]  # a cursor into the deleted range too
+    assert len(store.list()) == 2_000 and store.list(1) == [("", None)]
 
 # ---- The SQLite store across processes and restarts ----
 

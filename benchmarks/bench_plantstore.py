@@ -26,6 +26,10 @@ so it does not move it.
    per second, p99 and the longest wait. PostgreSQL is started the way the tests
    start it, with its durable defaults (fsync, synchronous_commit on), so this
    section also needs the test extra: pip install -e '.[bench,test]'.
+6. Listing at size, in process with the in-memory store: a page of 10 at 1,000
+   plants, at --listing-plants, and after deleting the oldest 90%; the whole
+   listing at --listing-plants: its time, the extra memory at its peak, and the
+   longest gap between creates made on another thread meanwhile.
 """
 
 import argparse
@@ -40,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -320,7 +325,7 @@ def bench_memory(plants):
     environ = body = None
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(store._names) == plants
+    assert len(store._seq) == plants
     return (after - before) / plants
 
 
@@ -389,6 +394,74 @@ def bench_durable(rounds, seconds, connections, workdir):
             summarize(samples, "memory, -w 1 --threads 8").items()}
 
 
+# ---- 6. Listing at size ----
+
+def bench_listing(plants):
+    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB and longest create gap."""
+    application = None
+
+    def page_micros(store, repeat=2000):
+        nonlocal application
+        application = plantstore.make_app([TOKEN], store=store)
+        environ = request_environs(0, 1)[0]
+        environ.update(REQUEST_METHOD="GET", QUERY_STRING="limit=10", CONTENT_LENGTH="")
+        start_response = lambda status, headers, exc_info=None: None  # noqa: E731
+        begin = time.perf_counter()
+        for _ in range(repeat):
+            b"".join(application(environ, start_response))
+        return (time.perf_counter() - begin) / repeat * 1e6
+
+    def filled(count):
+        store = plantstore.PlantStore()
+        for plant_id in range(count):
+            store.add(plant_id, f"plant {plant_id}", "indoor")
+        return store
+
+    small, large = page_micros(filled(1000)), page_micros(store := filled(plants))
+    for plant_id in range(plants * 9 // 10):
+        store.delete(plant_id)
+    after_deletes = page_micros(store)
+
+    store = filled(plants)
+    application = plantstore.make_app([TOKEN], store=store)
+    environ = request_environs(0, 1)[0]
+    environ.update(REQUEST_METHOD="GET", QUERY_STRING="", CONTENT_LENGTH="")
+
+    def whole_listing():
+        size = 0
+        for chunk in application(environ, lambda status, headers, exc_info=None: None):
+            size += len(chunk)  # as a server would: written out, then let go
+        return size
+
+    # The time, and the creates on another thread meanwhile, first; then, apart, the memory:
+    # tracemalloc slows every allocation, which would stretch the time and the gaps many times.
+    gaps, done = [], threading.Event()
+
+    def create_meanwhile():
+        last, plant_id = time.perf_counter(), plants
+        while not done.is_set():
+            store.add(plant_id, "meanwhile", None)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last, plant_id = now, plant_id + 1
+            time.sleep(0.0005)
+
+    creator = threading.Thread(target=create_meanwhile)
+    creator.start()
+    begin = time.perf_counter()
+    size = whole_listing()
+    seconds = time.perf_counter() - begin
+    done.set()
+    creator.join()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    whole_listing()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return {"small": small, "large": large, "after_deletes": after_deletes, "seconds": seconds,
+            "peak_mb": peak / 1e6, "gap_ms": max(gaps) * 1e3, "bytes": size}
+
+
 # ---- Report ----
 
 def main(argv=None):
@@ -405,7 +478,8 @@ def main(argv=None):
     parser.add_argument("--store-per-round", type=int, default=2_000, help="creates per store per round")
     parser.add_argument("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
     parser.add_argument("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
-    parser.add_argument("--only", choices=["durable"], help="run one section alone")
+    parser.add_argument("--listing-plants", type=int, default=1_000_000, help="plants for section 6 (listing)")
+    parser.add_argument("--only", choices=["durable", "listing"], help="run one section alone")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
     args = parser.parse_args(argv)
     if args.worker:
@@ -420,7 +494,22 @@ def main(argv=None):
           f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"command: python benchmarks/bench_plantstore.py {' '.join(argv if argv is not None else sys.argv[1:])}")
 
-    if not args.quick:
+    if args.quick:
+        args.listing_plants = 20_000
+    if args.only in (None, "listing"):
+        listing = bench_listing(args.listing_plants)
+        print(f"\nListing at size, in process, in-memory store:")
+        print(f"  a page of 10 at 1,000 plants        {listing['small']:>8.1f} us")
+        print(f"  a page of 10 at {args.listing_plants:<,} plants {listing['large']:>10.1f} us  "
+              f"({listing['large'] / listing['small']:.2f}x)")
+        print(f"  the same after deleting the oldest 90% {listing['after_deletes']:>5.1f} us  "
+              f"({listing['after_deletes'] / listing['small']:.2f}x)")
+        print(f"  the whole listing at {args.listing_plants:,} plants: {listing['seconds']:.2f} s, "
+              f"{listing['bytes'] / 1e6:.0f} MB sent, {listing['peak_mb']:.1f} MB more memory at its peak, "
+              f"creates on another thread at most {listing['gap_ms']:.1f} ms apart")
+    if args.only == "listing":
+        return 0
+    if not args.quick and args.only in (None, "durable"):
         durable = bench_durable(args.durable_rounds, args.durable_seconds, args.connections, workdir.name)
         print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections}, {args.durable_rounds} interleaved rounds of "
               f"{args.durable_seconds} s; requests/s is the median round, p99 the worst round's, max the longest wait:")
