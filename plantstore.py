@@ -59,11 +59,17 @@ from http import HTTPStatus
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-__version__ = "1.0.0"
+if sys.version_info < (3, 11):  # one line, before anything that needs 3.11 fails with a traceback
+    raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
+        f"plantstore needs Python 3.11 or newer; this is Python {sys.version.split()[0]}")
+
+__version__ = "1.1.0"
 # `app` is left out on purpose: it is built from the environment on first use.
 __all__ = ["HTTPError", "OPENAPI", "PlantStore", "PostgresStore", "SQLStore", "SQLiteStore", "make_app", "make_server", "main"]
 
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
+MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
+MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 CONNECT_TIMEOUT = 3  # seconds a SQL store waits to connect before the request answers 503
@@ -382,10 +388,16 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
     if not all(isinstance(t, str) and t and t.isascii() and t.isprintable() and " " not in t
                for t in tokens):
         raise ValueError(f"each token (as in {TOKENS_VARIABLE}) must be printable ASCII without spaces")
+    if any(len(token) < MIN_TOKEN_LENGTH for token in tokens):
+        raise ValueError(f"each token (as in {TOKENS_VARIABLE}) must be at least {MIN_TOKEN_LENGTH} characters, "
+                         f"or it can be guessed; make one with {MAKE_A_TOKEN}")
     if type(max_body_bytes) is not int or max_body_bytes < 0:
         raise ValueError("max_body_bytes must be a non-negative integer")
     credentials = [f"Bearer {token}" for token in tokens]
     store = PlantStore() if store is None else store
+    for method in "add", "delete", "page" if hasattr(store, "page") else "list":  # or the first interface's list
+        if not callable(getattr(store, method, None)):
+            raise TypeError(f"the store has no {method}() method: see the store interface in help(plantstore)")
     page = getattr(store, "page", None) or _pages_from_list(store)
     document = json.dumps(OPENAPI, indent=2).encode("ascii")
 
@@ -475,8 +487,14 @@ def _pages_from_list(store):
 
 
 def tokens_from_environ(environ=os.environ):
-    """Return the tokens listed in PLANTSTORE_TOKENS, an empty list when it is unset or blank."""
-    return [token.strip() for token in environ.get(TOKENS_VARIABLE, "").split(",") if token.strip()]
+    """Return the tokens listed in PLANTSTORE_TOKENS, or None when it is unset; set, it must hold one."""
+    if TOKENS_VARIABLE not in environ:
+        return None
+    tokens = [token.strip() for token in environ[TOKENS_VARIABLE].split(",") if token.strip()]
+    if not tokens:
+        raise ValueError(f"{TOKENS_VARIABLE} is set but holds no token: set it to the bearer tokens to accept, "
+                         f"comma-separated (make one with {MAKE_A_TOKEN}), or unset it")
+    return tokens
 
 
 def store_from_environ(environ=os.environ):
@@ -494,7 +512,7 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         tokens = tokens_from_environ()
-        if not tokens:
+        if tokens is None:
             raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
                              "comma-separated; plantstore never runs without authentication")
         app = make_app(tokens, store=store_from_environ())
@@ -874,25 +892,37 @@ def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
 
 # ---- The command line ----
 
+ENVIRONMENT_HELP = f"""environment:
+  {TOKENS_VARIABLE}  accepted bearer tokens, comma-separated, {MIN_TOKEN_LENGTH} characters or more
+                     (unset: this run makes one up and prints it)
+  {DB_VARIABLE}      where plants are kept: an SQLite file's path, or a postgresql://user@host/db
+                     URL (pip install 'plantstore[postgres]'); unset: in this process's memory
+
+more: README.md, or python -m pydoc plantstore"""
+
+
 def main(argv=None):
     """Run the embedded server: python plantstore.py [--host H] [--port P]."""
-    parser = argparse.ArgumentParser(prog="plantstore", description="Serve the Plant Store API.")
+    parser = argparse.ArgumentParser(prog="plantstore", description="Serve the Plant Store API.",
+                                     epilog=ENVIRONMENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on, 0 for any (default: %(default)s)")
+    parser.add_argument("--version", action="version", version=f"plantstore {__version__}")
     args = parser.parse_args(argv)
-    tokens = tokens_from_environ()
-    if not tokens:
-        tokens = [secrets.token_urlsafe(32)]
-        print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
-              file=sys.stderr)
     try:
+        tokens = tokens_from_environ()
+        if tokens is None:
+            tokens = [secrets.token_urlsafe(32)]
+            print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
+                  file=sys.stderr)
         application = make_app(tokens, store=store_from_environ())
-    except ValueError as error:  # a malformed token, or PLANTSTORE_DB naming a file that is no database
-        parser.error(str(error))
-    try:
         server = make_server(args.host, args.port, application)
-    except (OSError, OverflowError, ValueError) as error:
-        parser.error(f"cannot listen on {args.host}:{args.port}: {error}")
+    except ValueError as error:  # a bad setting: said in one line, and the server does not start
+        print(f"plantstore: {error}", file=sys.stderr)
+        return 2
+    except (OSError, OverflowError) as error:
+        print(f"plantstore: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 2
     with server:
         host, port = server.server_address[:2]
         print(f"plantstore {__version__} listening on http://{host}:{port}/plants (Ctrl-C to stop)",

@@ -38,8 +38,8 @@ import plantstore
 from plantstore import (INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, PostgresStore, SQLiteStore, make_app,
                         make_server)
 
-TOKEN = "test-token-1"
-OTHER_TOKEN = "test-token-2"
+TOKEN = "test-token-1-a7Qm9xZ2"
+OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HERE = Path(__file__).resolve().parent
 WAIT = 30  # seconds any test waits for a server or a subprocess before failing
@@ -603,6 +603,11 @@ def test_a_custom_store_is_used(app):
             self.calls.append((plant_id, name, tag))
             return plant_id != 2
 
+        def list(self, limit):
+            return []
+
+        delete = list
+
     recording = RecordingStore()
     custom = webtest.TestApp(make_app([TOKEN], store=recording))
     post(custom, {"id": 1, "name": "a", "tag": "t"}, 200)
@@ -619,6 +624,19 @@ def test_make_app_refuses_bad_tokens(tokens, error):
         make_app(tokens)
     for token in tokens if isinstance(tokens, (list, tuple)) else ():
         assert not token or str(token) not in str(raised.value)
+
+
+def test_make_app_refuses_a_short_token_without_quoting_it():
+    with pytest.raises(ValueError, match="at least 16 characters") as raised:
+        make_app(["eleven-char"])
+    assert "eleven-char" not in str(raised.value) and "secrets.token_urlsafe(32)" in str(raised.value)
+
+
+@pytest.mark.parametrize("missing", ["add", "delete", "list"])
+def test_make_app_names_the_method_a_store_lacks(missing):
+    methods = {name: lambda *args: None for name in ("add", "delete", "list") if name != missing}
+    with pytest.raises(TypeError, match=f"the store has no {missing}\\(\\) method"):
+        make_app([TOKEN], store=type("Store", (), methods)())
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, "100"])
@@ -1156,7 +1174,7 @@ def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(s
         PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB="postgresql://plantstore:hunter2-secret@127.0.0.1:1/plants"))
     assert process.wait(WAIT) == 2
     err = process.stderr.read()
-    assert "pip install 'plantstore[postgres]'" in err and len(err.strip().splitlines()) == 2  # usage, then the line
+    assert "pip install 'plantstore[postgres]'" in err and len(err.strip().splitlines()) == 1
     assert "Traceback" not in err and "hunter2-secret" not in err
 
 
@@ -1679,6 +1697,46 @@ def test_python_plantstore_py_reports_a_port_in_use_in_one_line(spawn):
     assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("settings, said", [
+    ({"PLANTSTORE_TOKENS": "..."}, "must be at least 16 characters"),  # the README's placeholder, pasted as is
+    ({"PLANTSTORE_TOKENS": "eleven-char"}, "must be at least 16 characters"),
+    ({"PLANTSTORE_TOKENS": ",, ,"}, "PLANTSTORE_TOKENS is set but holds no token"),
+    ({"PLANTSTORE_DB": "{tmp}/missing/plants.sqlite3"}, "{tmp}/missing: no such directory"),
+    ({"PLANTSTORE_DB": "{tmp}/locked/plants.sqlite3"}, "{tmp}/locked: this user cannot write in this directory"),
+], ids=["placeholder-token", "short-token", "no-token", "missing-directory", "unwritable-directory"])
+def test_python_plantstore_py_refuses_a_bad_setting_in_one_line(spawn, tmp_path, settings, said):
+    (tmp_path / "locked").mkdir()
+    make_read_only(tmp_path / "locked", True)
+    try:
+        settings = {name: value.format(tmp=tmp_path) for name, value in {"PLANTSTORE_TOKENS": TOKEN, **settings}.items()}
+        process = spawn([sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens(**settings))
+        assert process.wait(WAIT) == 2
+    finally:
+        make_read_only(tmp_path / "locked", False)
+    err = process.stderr.read()
+    assert err.splitlines() == [err.strip()] and said.format(tmp=tmp_path) in err  # one line, saying why
+    assert "listening" not in err and "Traceback" not in err and "not set" not in err
+
+
+def test_version_and_help_name_the_settings(spawn):
+    version = spawn([sys.executable, "plantstore.py", "--version"], environ_without_tokens())
+    assert version.wait(WAIT) == 0 and version.stdout.read() == f"plantstore {plantstore.__version__}\n"
+    shown = spawn([sys.executable, "plantstore.py", "--help"], environ_without_tokens())
+    assert shown.wait(WAIT) == 0
+    text = shown.stdout.read()
+    assert "PLANTSTORE_TOKENS" in text and "PLANTSTORE_DB" in text and "README.md" in text
+
+
+@pytest.mark.parametrize("how", ["python plantstore.py", "import plantstore"])
+def test_python_older_than_3_11_is_told_so_in_one_line(spawn, how):
+    run = "runpy.run_path('plantstore.py', run_name='__main__')" if how.startswith("python") else "import plantstore"
+    code = f"import runpy, sys; sys.version_info = (3, 10, 13, 'final', 0); {run}"  # as Python 3.10 would see it
+    process = spawn([sys.executable, "-c", code], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    assert process.wait(WAIT) == 1
+    assert process.stderr.read().splitlines() == [f"plantstore needs Python 3.11 or newer; this is Python "
+                                                  f"{sys.version.split()[0]}"]
+
+
 def test_import_has_no_side_effects(spawn):
     code = "import plantstore; print('app' in vars(plantstore))"
     process = spawn([sys.executable, "-c", code], environ_without_tokens())
@@ -1694,14 +1752,18 @@ def test_app_is_built_from_the_environment(monkeypatch):
     post(webtest.TestApp(application), {"id": 1, "name": "Fern"}, 200, headers={"Authorization": f"Bearer {OTHER_TOKEN}"})
 
 
-@pytest.mark.parametrize("value", [None, "", " , ,"], ids=["unset", "empty", "only-commas"])
-def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value):
+@pytest.mark.parametrize("value, message", [(None, "PLANTSTORE_TOKENS is not set"),
+                                            ("", "PLANTSTORE_TOKENS is set but holds no token"),
+                                            (" , ,", "PLANTSTORE_TOKENS is set but holds no token"),
+                                            ("...", "at least 16 characters")],
+                         ids=["unset", "empty", "only-commas", "placeholder"])
+def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, message):
     monkeypatch.delitem(vars(plantstore), "app", raising=False)
     if value is None:
         monkeypatch.delenv("PLANTSTORE_TOKENS", raising=False)
     else:
         monkeypatch.setenv("PLANTSTORE_TOKENS", value)
-    with pytest.raises(AttributeError, match="PLANTSTORE_TOKENS is not set"):
+    with pytest.raises(AttributeError, match=message):
         plantstore.app
     assert not hasattr(plantstore, "app")
 
