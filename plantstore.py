@@ -38,12 +38,18 @@ import argparse
 import array
 import base64
 import bisect
+import collections
+import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
+import hmac
+import http.client
 import itertools
 import json
 import operator
 import os
+import random
 import re
 import secrets
 import socket
@@ -53,6 +59,8 @@ import sys
 import threading
 import time
 import traceback
+import urllib.error
+import urllib.request
 from decimal import Decimal
 from hmac import compare_digest
 from http import HTTPStatus
@@ -68,6 +76,7 @@ __version__ = "1.1.0"
 __all__ = ["HTTPError", "OPENAPI", "PlantStore", "PostgresStore", "SQLStore", "SQLiteStore", "make_app", "make_server", "main"]
 
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
+WEBHOOK_URL_VARIABLE, WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_URL", "PLANTSTORE_WEBHOOK_SECRET"
 MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
@@ -378,8 +387,12 @@ def error_json(status, message):
 
 # ---- The WSGI application ----
 
-def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
-    """Return the WSGI application (PEP 3333) that accepts the given bearer tokens."""
+def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=(), webhook_secret=None):
+    """Return the WSGI application (PEP 3333) that accepts the given bearer tokens.
+
+    With webhook_urls, each new plant is also POSTed to every one of them, signed with
+    webhook_secret (see WebhookSender); the application's `webhook_sender` attribute is the sender.
+    """
     if isinstance(tokens, str):
         raise TypeError("tokens must be a list of strings, not one string")
     tokens = list(tokens)
@@ -399,6 +412,15 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         if not callable(getattr(store, method, None)):
             raise TypeError(f"the store has no {method}() method: see the store interface in help(plantstore)")
     page = getattr(store, "page", None) or _pages_from_list(store)
+    webhook_urls = [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
+    for url in webhook_urls:
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            raise ValueError(f"each webhook URL (as in {WEBHOOK_URL_VARIABLE}) must be an http:// or https:// URL")
+    if webhook_urls and not webhook_secret:
+        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is set: "
+                         "receivers check every webhook's signature")
+    sender = WebhookSender(webhook_urls, webhook_secret, store) if webhook_urls else None
+    notify = sender and sender.notify  # after each create: a SQL store wrote the event, the memory one queues it
     document = json.dumps(OPENAPI, indent=2).encode("ascii")
 
     # Each handler takes the environ and the {id} of the path (None on other routes), and returns
@@ -407,6 +429,8 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         plant_id, name, tag = read_new_plant(read_body(environ, max_body_bytes))
         if not store.add(plant_id, name, tag):
             raise HTTPError(409, "a plant with this 'id' already exists")
+        if notify:
+            notify(plant_id, name, tag)
         return 200, plant_json(name, tag), ()
 
     def list_plants(environ, _):
@@ -464,6 +488,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
             ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers])
         return [body]
 
+    application.webhook_sender = sender
     return application
 
 
@@ -497,6 +522,12 @@ def tokens_from_environ(environ=os.environ):
     return tokens
 
 
+def webhooks_from_environ(environ=os.environ):
+    """Return make_app's webhook settings from PLANTSTORE_WEBHOOK_URL (comma-separated) and _SECRET."""
+    urls = [url.strip() for url in environ.get(WEBHOOK_URL_VARIABLE, "").split(",") if url.strip()]
+    return {"webhook_urls": urls, "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE)}
+
+
 def store_from_environ(environ=os.environ):
     """Return the store PLANTSTORE_DB names: a postgresql:// URL, an SQLite file, or None (in memory)."""
     target = environ.get(DB_VARIABLE, "").strip()
@@ -515,7 +546,7 @@ def __getattr__(name):
         if tokens is None:
             raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
                              "comma-separated; plantstore never runs without authentication")
-        app = make_app(tokens, store=store_from_environ())
+        app = make_app(tokens, store=store_from_environ(), **webhooks_from_environ())
     except ValueError as problem:
         # gunicorn prints its own AppImportError as one line and stops instead of booting.
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
@@ -539,9 +570,24 @@ class SQLStore:
         "page": "SELECT seq, name, tag FROM plants WHERE seq > ? ORDER BY seq LIMIT ?",
         "delete": "DELETE FROM plants WHERE id = ? RETURNING seq",
         "columns": "SELECT * FROM plants LIMIT 0",
+        "begin": "BEGIN", "commit": "COMMIT", "rollback": "ROLLBACK",
+        # The outbox of webhook events (see WebhookSender): written with the plant, in one transaction.
+        "event": "INSERT INTO plant_events (url, webhook_id, body, next_at) VALUES (?, ?, ?, ?)",
+        # A sender takes events for a while (lease), so that no other sender takes them meanwhile.
+        "claim": "UPDATE plant_events SET lease = ? WHERE lease <= ? AND seq IN (SELECT seq FROM plant_events"
+                 " WHERE next_at <= ? AND lease <= ? ORDER BY seq LIMIT ?) RETURNING seq, url, webhook_id, body, attempts",
+        "probe": "UPDATE plant_events SET lease = ? WHERE lease <= ? AND seq = (SELECT seq FROM plant_events"
+                 " WHERE url = ? AND lease <= ? ORDER BY seq LIMIT 1) RETURNING seq, url, webhook_id, body, attempts",
+        "release": "UPDATE plant_events SET lease = 0 WHERE seq = ?",
+        "retry": "UPDATE plant_events SET attempts = ?, next_at = ?, lease = 0 WHERE seq = ?",
+        "hurry": "UPDATE plant_events SET next_at = ? WHERE url = ? AND next_at > ?",
+        "done": "DELETE FROM plant_events WHERE seq = ?",
+        "forget": "DELETE FROM plant_events WHERE url = ?",
+        "count": "SELECT count(*) FROM plant_events",
     }
     schema = ()  # the statements that make the tables, in the engine's own DDL
     unavailable = ()  # the driver's exceptions that mean "the database is away", dropping the connection
+    event_urls = ()  # where each new plant's webhook goes: make_app sets it when there are receivers
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with its password
@@ -551,11 +597,16 @@ class SQLStore:
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
-        return bool(self._run("insert", (plant_id, _utf8(name), None if tag is None else _utf8(tag)), write=True))
+        def insert(execute):
+            created = bool(execute("insert", (plant_id, _utf8(name), None if tag is None else _utf8(tag))))
+            for url in self.event_urls if created else ():
+                execute("event", (url, f"msg_{secrets.token_urlsafe(18)}", event_json(plant_id, name, tag), 0))
+            return created
+        return self._run(insert, write=True, transaction=bool(self.event_urls))
 
     def page(self, after, limit):
         """Return up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
-        rows = self._run("page", (after or 0, limit))
+        rows = self.run("page", after or 0, limit)
         return [(seq, _text(name), None if tag is None else _text(tag)) for seq, name, tag in rows]
 
     def list(self, limit=None):
@@ -564,14 +615,33 @@ class SQLStore:
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
-        return bool(self._run("delete", (plant_id,), write=True))
+        return bool(self.run("delete", plant_id))
 
-    def _run(self, statement, parameters, *, write=False):
-        """Run one statement on this thread's connection and return its rows; a database away is a 503."""
+    def run(self, statement, *parameters):
+        """Run one of the statements above and return its rows (a write unless it is a SELECT)."""
+        return self._run(lambda execute: execute(statement, parameters), write=statement != "page")
+
+    def _run(self, work, *, write=False, transaction=False):
+        """Return work(execute) run on this thread's connection, in one transaction if asked; a database
+        away is a 503. `execute(statement, parameters)` runs one statement and returns its rows."""
+        def execute(statement, parameters):
+            cursor = db.execute(self.sql[statement], parameters)
+            return cursor.fetchall() if cursor.description else []  # all: the statement is done
+
         try:
             with self._write_lock if write else contextlib.nullcontext():
                 db = self._connection()
-                rows = db.execute(self.sql[statement], parameters).fetchall()  # all: the statement is done
+                if not transaction:
+                    result = work(execute)
+                else:
+                    execute("begin", ())
+                    try:
+                        result = work(execute)
+                        execute("commit", ())
+                    except BaseException:
+                        with contextlib.suppress(Exception):
+                            execute("rollback", ())
+                        raise
                 self._check(db)
         except self.unavailable as error:
             self._drop(error)
@@ -580,7 +650,7 @@ class SQLStore:
         if self._away:
             self._away = False
             _log(f"the database {self.shown} is reachable again")
-        return rows
+        return result
 
     def _connection(self):
         """This thread's connection, made in this process (a forked worker never uses its parent's)."""
@@ -625,7 +695,12 @@ class SQLiteStore(SQLStore):
     """Plants in an SQLite file on this machine, shared by the worker processes that open it."""
 
     schema = ("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-              " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",)
+              " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
+              "CREATE TABLE IF NOT EXISTS plant_events (seq INTEGER PRIMARY KEY AUTOINCREMENT, url TEXT NOT NULL,"
+              " webhook_id TEXT NOT NULL, body BLOB NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
+              " lease REAL NOT NULL DEFAULT 0)",
+              "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)")
+    sql = {**SQLStore.sql, "begin": "BEGIN IMMEDIATE"}  # the write lock at once: no deadlock upgrading a read
     unavailable = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, busy too long, the file gone
     busy_seconds = 10  # how long a connection waits for another process to let go of the file
 
@@ -712,6 +787,10 @@ class PostgresStore(SQLStore):
               "SELECT pg_advisory_xact_lock(7274)",
               "CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
               " id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA)",
+              "CREATE TABLE IF NOT EXISTS plant_events (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+              " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
+              " next_at DOUBLE PRECISION NOT NULL, lease DOUBLE PRECISION NOT NULL DEFAULT 0)",
+              "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
               "COMMIT")
 
     def __init__(self, url):
@@ -725,7 +804,7 @@ class PostgresStore(SQLStore):
         super().__init__(self._mask(url))
         self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
         with contextlib.suppress(HTTPError):  # a database away at start-up is said once, then waited for
-            self._run("columns", ())
+            self.run("page", 0, 0)
 
     def connect(self):
         return self._psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
@@ -747,6 +826,192 @@ def _text(data):
 def _log(message):
     """One line for the operator, on stderr (gunicorn's error log)."""
     print(f"plantstore: {message}", file=sys.stderr, flush=True)
+
+# ---- Webhooks: each new plant, signed and retried, from a thread of its own ----
+
+class WebhookSender:
+    """Delivers the sample's new-plant webhook to each receiver URL, signed as Standard Webhooks says.
+
+    Every event waits in an outbox until a receiver answers 2xx. With a SQL store the outbox is a
+    table written in the plant's own transaction, so a 200 means at least one delivery, across
+    crashes and restarts; several workers may deliver one event, and receivers deduplicate by
+    webhook-id. With the in-memory store it is the same table in an SQLite database in this
+    process's memory: best effort, lost with the process, and at most MAX_WAITING events.
+    A thread of its own claims due events and hands them to a small pool that POSTs them, so a
+    create never waits for a receiver. A failed attempt is retried on SCHEDULE, with jitter. While
+    a receiver gives no answer at all (or its gateway answers 502-504), its oldest event is tried
+    every PROBE_SECONDS, and once one gets through, the URL's other events follow at once; a new
+    sender, after a restart, tries every waiting event once. A 410 means the URL gets nothing more.
+    """
+
+    SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)  # seconds before each retry
+    PROBE_SECONDS, TIMEOUT, PARALLEL, MAX_WAITING = 5, 15, 8, 10_000
+    LEASE_SECONDS = TIMEOUT + 2  # an event taken by a sender killed mid-attempt is free again after this
+
+    def __init__(self, urls, secret, store):
+        self.urls = list(urls)  # a 410 takes its URL out, here and in the SQL store that writes events
+        self._key = webhook_secret_key(secret)
+        if isinstance(store, SQLStore):
+            self.outbox, self.notify, self._incoming = store, self._wake_up, None
+            store.event_urls = self.urls
+        else:
+            self.outbox, self.notify, self._incoming = _EventsInMemory(), self._put, collections.deque()
+        self._wake, self._stop, self._waiting, self._dropping = threading.Event(), threading.Event(), 0, False
+        self._failing = {}  # URL that gave no answer: when it was last tried
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.PARALLEL, thread_name_prefix="plantstore-webhook")
+        self._thread = threading.Thread(target=self._loop, name="plantstore-webhooks", daemon=True)
+        self._thread.start()
+
+    def close(self):
+        """Stop sending (what is in the outbox stays there) and wait for attempts under way."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        self._pool.shutdown()
+
+    def _put(self, plant_id, name, tag):
+        """Queue the in-memory store's event; over MAX_WAITING, it is dropped, and that is said once."""
+        if self._waiting + len(self._incoming) < self.MAX_WAITING:
+            self._dropping = False
+            self._incoming.append(event_json(plant_id, name, tag))
+            self._wake.set()
+        elif not self._dropping:
+            self._dropping = True
+            _log(f"{self.MAX_WAITING} webhook events are waiting: events of new plants are dropped until they drain")
+
+    def _wake_up(self, *plant):
+        self._wake.set()  # a SQL store wrote the event; other workers' events are found by polling
+
+    def _loop(self):
+        with contextlib.suppress(HTTPError):  # a new sender tries each waiting event once: receivers may be back
+            now = time.time()
+            for url in self.urls:
+                self.outbox.run("hurry", now, url, now)
+        flying = {}  # future: (event, whether it is a probe)
+        while not self._stop.is_set():
+            try:
+                self._take_incoming()
+                now = time.time()
+                for url, tried in list(self._failing.items()):
+                    if now - tried < self.PROBE_SECONDS or len(flying) >= self.PARALLEL:
+                        continue
+                    self._failing[url] = now
+                    for event in self.outbox.run("probe", now + self.LEASE_SECONDS, now, url, now):
+                        flying[self._pool.submit(self._post, *event[1:4])] = event, True
+                free = self.PARALLEL - len(flying)
+                for event in self.outbox.run("claim", now + self.LEASE_SECONDS, now, now, now, free) if free else ():
+                    flying[self._pool.submit(self._post, *event[1:4])] = event, False
+                if flying:
+                    done, _ = concurrent.futures.wait(flying, 1, concurrent.futures.FIRST_COMPLETED)
+                    for future in done:
+                        self._settle(*flying.pop(future), future.result())
+                else:
+                    self._wake.wait(1)
+                    self._wake.clear()
+            except HTTPError:  # the database is away, and said so: try again in a moment
+                self._stop.wait(RETRY_AFTER)
+            except Exception:
+                _log(f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n{traceback.format_exc()}")
+                self._stop.wait(RETRY_AFTER)
+
+    def _take_incoming(self):
+        """Move the in-memory store's new events into its outbox: one per URL, each with its webhook-id."""
+        while self._incoming:
+            body = self._incoming.popleft()
+            for url in self.urls:
+                self.outbox.run("event", url, f"msg_{secrets.token_urlsafe(18)}", body, 0)
+        if self._incoming is not None:
+            self._waiting = self.outbox.run("count")[0][0]
+
+    def _post(self, url, webhook_id, body):
+        """One attempt: the receiver's status, or None when no answer came (refused, timed out, cut)."""
+        timestamp = str(int(time.time()))
+        signature = hmac.new(self._key, f"{webhook_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+        request = urllib.request.Request(url, data=body, method="POST", headers={
+            "Content-Type": JSON_TYPE, "webhook-id": webhook_id, "webhook-timestamp": timestamp,
+            "webhook-signature": "v1," + base64.b64encode(signature).decode()})
+        try:
+            with _NO_REDIRECTS.open(request, timeout=self.TIMEOUT) as answer:
+                answer.read(1024)  # a little of the answer, never all of it
+                return answer.status
+        except urllib.error.HTTPError as error:  # 3xx (no redirect is followed), 4xx and 5xx
+            error.close()
+            return error.code
+        except (OSError, http.client.HTTPException, ValueError):
+            return None
+
+    def _settle(self, event, probe, status):
+        seq, url, webhook_id, _, attempts = event
+        now = time.time()
+        if url not in self.urls:  # its receiver answered 410 meanwhile
+            self.outbox.run("done", seq)
+        elif status is not None and 200 <= status < 300:
+            self.outbox.run("done", seq)
+            if self._failing.pop(url, None) is not None:  # through again: its other events follow at once
+                self.outbox.run("hurry", now, url, now)
+        elif status == 410:
+            self.urls.remove(url)
+            self._failing.pop(url, None)
+            self.outbox.run("forget", url)
+            _log(f"the webhook receiver {_origin(url)} answered 410 Gone: it gets no more events")
+        elif probe:  # a probe that failed leaves its event's schedule as it was
+            self.outbox.run("release", seq)
+        else:
+            if status in (None, 502, 503, 504):  # no answer from the receiver itself: probe it until it is back
+                self._failing.setdefault(url, now)
+            if attempts < len(self.SCHEDULE):
+                self.outbox.run("retry", attempts + 1, now + self.SCHEDULE[attempts] * random.uniform(1, 1.2), seq)
+            else:
+                self.outbox.run("done", seq)
+                _log(f"webhook {webhook_id} to {_origin(url)} is given up after {attempts + 1} attempts")
+
+
+class _EventsInMemory(SQLStore):
+    """The in-memory store's outbox: the same table in an SQLite database of this process, for one thread."""
+
+    unavailable = (sqlite3.DatabaseError,)
+
+    def __init__(self):
+        super().__init__("the webhook events in memory")
+
+    def connect(self):
+        return sqlite3.connect(":memory:", isolation_level=None)
+
+    def setup(self, db):
+        db.execute(SQLiteStore.schema[1])  # the events table alone: the plants are elsewhere
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args):
+        return None  # a 3xx is an answer like any other: not a delivery
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_NoRedirects)
+
+
+def event_json(plant_id, name, tag):
+    """The webhook's body: the NewPlant as created, id first."""
+    return b'{"id": %d, ' % plant_id + plant_json(name, tag)[1:]
+
+
+def _origin(url):
+    """A receiver, named in a log line: scheme, host and port, never a path or query that may hold a secret."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def webhook_secret_key(secret):
+    """Check a Standard Webhooks secret, whsec_ and base64 of at least 24 bytes, without ever quoting it."""
+    try:
+        key = base64.b64decode(secret.removeprefix("whsec_"), validate=True) if secret.startswith("whsec_") else b""
+    except ValueError:
+        key = b""
+    if len(key) < 24:
+        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} must be whsec_ followed by base64 of at least 24 random bytes: "
+                         "make one with python -c \"import base64, secrets; "
+                         "print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\"")
+    return key
+
 
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
@@ -814,6 +1079,16 @@ OPENAPI = {
             "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
         }},
     },
+    "webhooks": {"/plant/webhook": {"post": {  # the full sample's, sent when PLANTSTORE_WEBHOOK_URL is set
+        "description": "Information about a new plant added to the store, signed as Standard Webhooks says: "
+                       "webhook-signature is v1, and the base64 HMAC-SHA256 of webhook-id.webhook-timestamp.body",
+        "security": [],
+        "parameters": [{"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
+                       for name in ("webhook-id", "webhook-timestamp", "webhook-signature")],
+        "requestBody": {"description": "Information about a new plant in the system",
+                        "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
+        "responses": {"200": {"description": "Return a 200 status to indicate that the data was received successfully"}},
+    }}},
     "components": {
         "schemas": {  # the specification's own, unchanged
             "Plant": {"type": "object", "required": ["name"], "properties": {
@@ -897,6 +1172,8 @@ ENVIRONMENT_HELP = f"""environment:
                      (unset: this run makes one up and prints it)
   {DB_VARIABLE}      where plants are kept: an SQLite file's path, or a postgresql://user@host/db
                      URL (pip install 'plantstore[postgres]'); unset: in this process's memory
+  {WEBHOOK_URL_VARIABLE}     where each new plant is POSTed: URLs, comma-separated (unset: nowhere)
+  {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them: whsec_ and base64
 
 more: README.md, or python -m pydoc plantstore"""
 
@@ -915,7 +1192,7 @@ def main(argv=None):
             tokens = [secrets.token_urlsafe(32)]
             print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
                   file=sys.stderr)
-        application = make_app(tokens, store=store_from_environ())
+        application = make_app(tokens, store=store_from_environ(), **webhooks_from_environ())
         server = make_server(args.host, args.port, application)
     except ValueError as error:  # a bad setting: said in one line, and the server does not start
         print(f"plantstore: {error}", file=sys.stderr)

@@ -1,10 +1,12 @@
 """Tests for plantstore: the contract's table of checks, hostile input, threads and real sockets."""
 
 import concurrent.futures
+import base64
 import contextlib
 import gc
 import glob
 import http.client
+import http.server
 import importlib.util
 import io
 import itertools
@@ -32,6 +34,7 @@ import openapi_spec_validator
 import psycopg
 import pytest
 import schemathesis
+import standardwebhooks
 import webtest
 
 import plantstore
@@ -645,6 +648,22 @@ def test_make_app_refuses_a_bad_limit(limit):
         make_app([TOKEN], max_body_bytes=limit)
 
 
+
+def test_the_readme_store_example_works_as_pasted():
+    readme = (HERE / "README.md").read_text()
+    example = re.search(r"```python\n(import threading\n.*?class DictStore.*?)```", readme, re.S)[1]
+    namespace = {}
+    exec(example, namespace)  # as pasted into a file of one's own
+    application = webtest.TestApp(namespace["application"])
+    headers = {"Authorization": "Bearer a-long-random-token-of-yours"}
+    post(application, {"id": 1, "name": "Fern", "tag": "indoor"}, 200, headers=headers)
+    post(application, {"id": 1, "name": "Again"}, 409, headers=headers)
+    post(application, {"id": 2, "name": "Ivy"}, 200, headers=headers)
+    assert application.get("/plants", headers=headers, status=200).json == [{"name": "Fern", "tag": "indoor"},
+                                                                            {"name": "Ivy"}]
+    assert application.get("/plants?limit=1", headers=headers, status=200).headers["Link"]
+    application.delete("/plants/1", headers=headers, status=204)
+
 # ---- Threads against one application ----
 
 def in_threads(count, work):
@@ -756,7 +775,7 @@ class Postgres:
 
     def reset(self):
         with psycopg.connect(self.url, autocommit=True) as db:
-            db.execute("DROP TABLE IF EXISTS plants")
+            db.execute("DROP TABLE IF EXISTS plants, plant_events")
 
 
 def free_port():
@@ -1317,6 +1336,209 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
         process.wait(WAIT)
         logged = err.rest()
         assert "is unavailable" in logged and postgres.password not in logged
+
+
+# ---- Webhooks: a real receiver on loopback verifies every delivery with the reference library ----
+
+SECRET = "whsec_" + base64.b64encode(b"plantstore-test-webhook-secret-32").decode()
+
+
+class Receiver:
+    """A webhook receiver on a loopback port of its own: verifies each delivery, answers as told."""
+
+    def __init__(self, port=0):
+        self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None  # statuses: answered in turn
+        self.verifier = standardwebhooks.Webhook(SECRET)
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                payload = receiver.verifier.verify(body, dict(self.headers.items()))  # raises unless signed right
+                if receiver.hold:
+                    receiver.hold.wait(WAIT)
+                time.sleep(receiver.delay)
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                receiver.deliveries.append((self.headers["webhook-id"], payload, status))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/plant/webhook"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def delivered(self):
+        """The payloads answered 2xx, in the order they came."""
+        return [payload for _, payload, status in self.deliveries if 200 <= status < 300]
+
+    def wait_for(self, count):
+        deadline = time.monotonic() + WAIT
+        while len(self.delivered()) < count:
+            assert time.monotonic() < deadline, f"{len(self.delivered())} of {count} deliveries came"
+            time.sleep(0.05)
+        return self.delivered()
+
+
+@pytest.fixture
+def receiver():
+    receivers = []
+
+    def start(port=0):
+        receivers.append(Receiver(port))
+        return receivers[-1]
+
+    yield start
+    for started in receivers:
+        with contextlib.suppress(Exception):
+            started.stop()
+
+
+@pytest.fixture
+def webhook_app(monkeypatch):
+    """make_app with webhooks, on a schedule short enough for a test; its sender is always closed."""
+    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
+    monkeypatch.setattr(plantstore.WebhookSender, "PROBE_SECONDS", 0.3)
+    apps = []
+
+    def build(store, *urls, secret=SECRET):
+        apps.append(make_app([TOKEN], store=store, webhook_urls=list(urls), webhook_secret=secret))
+        return webtest.TestApp(apps[-1])
+
+    yield build
+    for application in apps:
+        application.webhook_sender.close()
+
+
+def test_each_create_is_delivered_signed_and_a_409_is_not(any_store, webhook_app, receiver):
+    hook = receiver()
+    application = webhook_app(any_store, hook.url)
+    plants = [{"id": n, "name": f"p{n}", **({"tag": "indoor"} if n % 2 else {})} for n in range(20)]
+    for plant in plants:
+        post(application, plant, 200)
+    post(application, {"id": 3, "name": "a duplicate"}, 409)
+    assert sorted(hook.wait_for(20), key=lambda plant: plant["id"]) == plants  # exactly the NewPlant created
+    time.sleep(0.5)
+    assert len(hook.deliveries) == 20 and len({webhook_id for webhook_id, _, _ in hook.deliveries}) == 20
+
+
+def test_a_failed_delivery_is_retried_with_the_same_webhook_id(any_store, webhook_app, receiver):
+    hook = receiver()
+    hook.statuses = [500, 503]
+    post(webhook_app(any_store, hook.url), {"id": 1, "name": "Fern"}, 200)
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    assert [status for _, _, status in hook.deliveries] == [500, 503, 200]
+    assert len({webhook_id for webhook_id, _, _ in hook.deliveries}) == 1
+
+
+def test_no_redirect_is_followed(store, webhook_app, receiver):
+    hook, elsewhere = receiver(), receiver()
+    hook.statuses = [307]
+    post(webhook_app(store, hook.url), {"id": 1, "name": "Fern"}, 200)
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]  # retried at the URL it was given
+    assert elsewhere.deliveries == []
+
+
+def test_a_slow_receiver_holds_up_no_create(store, webhook_app, receiver):
+    hook = receiver()
+    hook.hold = threading.Event()  # the receiver answers nothing until the creates are done
+    application = webhook_app(store, hook.url)
+    try:
+        for plant_id in range(10):
+            post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+        assert hook.deliveries == []  # every create answered while the receiver still held its first delivery
+    finally:
+        hook.hold.set()
+    assert len(hook.wait_for(10)) == 10
+
+
+def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_store, webhook_app, receiver):
+    hook = receiver()
+    port, application = hook.server.server_address[1], webhook_app(any_store, hook.url)
+    hook.stop()
+    for plant_id in range(10):
+        post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+    time.sleep(1)  # refused again and again meanwhile
+    back = receiver(port)
+    assert sorted(plant["id"] for plant in back.wait_for(10)) == list(range(10))
+
+
+def test_a_410_ends_deliveries_to_that_url_only(store, webhook_app, receiver, capsys):
+    gone, kept = receiver(), receiver()
+    gone.statuses = [410]
+    application = webhook_app(store, gone.url, kept.url)
+    post(application, {"id": 1, "name": "Fern"}, 200)
+    kept.wait_for(1)
+    time.sleep(0.5)
+    for plant_id in range(2, 6):
+        post(application, {"id": plant_id, "name": "later"}, 200)
+    assert len(kept.wait_for(5)) == 5
+    time.sleep(0.5)
+    assert [status for _, _, status in gone.deliveries] == [410]  # one attempt, then nothing more
+    logged = capsys.readouterr().err
+    assert logged.count("answered 410 Gone") == 1 and "/plant/webhook" not in logged  # the host only
+
+
+def test_a_delivery_is_given_up_after_the_schedule(store, webhook_app, receiver, capsys):
+    hook = receiver()
+    hook.statuses = [500] * 10
+    post(webhook_app(store, hook.url), {"id": 1, "name": "Fern"}, 200)
+    deadline = time.monotonic() + WAIT
+    while "is given up after 4 attempts" not in capsys.readouterr().err:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(1)
+    assert [status for _, _, status in hook.deliveries] == [500] * 4  # the first, then the schedule's three
+
+
+@pytest.mark.parametrize("urls, secret, message", [
+    (["http://127.0.0.1:9/hook"], None, "PLANTSTORE_WEBHOOK_SECRET is required"),
+    (["http://127.0.0.1:9/hook"], "whsec_c2hvcnQ=", "at least 24 random bytes"),
+    (["http://127.0.0.1:9/hook"], "not-even-whsec-prefixed-secret-value", "must be whsec_"),
+    (["ftp://127.0.0.1/hook"], SECRET, "http:// or https:// URL"),
+], ids=["no-secret", "short-secret", "not-whsec", "not-http"])
+def test_make_app_refuses_bad_webhook_settings_without_quoting_the_secret(urls, secret, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        make_app([TOKEN], webhook_urls=urls, webhook_secret=secret)
+    assert not secret or secret.removeprefix("whsec_") not in str(raised.value)
+
+
+def test_the_document_has_the_samples_webhook(app):
+    webhook = app.get("/openapi.json", status=200).json["webhooks"]["/plant/webhook"]["post"]
+    assert webhook["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/NewPlant"}
+    assert webhook["responses"]["200"]["description"].startswith("Return a 200 status")
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_kill_9_between_creates_and_their_delivery_loses_no_event(spawn, receiver, tmp_path, database, request):
+    """The event is in the plant's own transaction: a 200 means a delivery, even across kill -9."""
+    hook = receiver()
+    port = hook.server.server_address[1]
+    hook.stop()  # the receiver is down while the plants are created
+    db = str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, PLANTSTORE_WEBHOOK_URL=hook.url,
+                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    process, host, port_, err = start_gunicorn(spawn, env, workers=2, threads=4)
+    for plant_id in range(30):
+        assert post_over_http(host, port_, TOKEN, {"id": plant_id, "name": f"p{plant_id}"})[0] == 200
+    time.sleep(1)  # each first attempt refused and settled, so no event is held by a sender that dies now
+    os.killpg(process.pid, signal.SIGKILL)  # every process, at once
+    process.wait(WAIT)
+    logged = err.rest()
+    back = receiver(port)
+    process, host, port_, err = start_gunicorn(spawn, env, workers=2, threads=4)
+    assert sorted(plant["id"] for plant in back.wait_for(30)) == list(range(30))
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(WAIT)
+    assert SECRET.removeprefix("whsec_") not in logged + err.rest()
 
 
 # ---- The OpenAPI document, and schemathesis against it ----
