@@ -140,8 +140,10 @@ def read_body(environ, limit):
         length = int(length)
         if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
-    elif not environ.get("wsgi.input_terminated"):
-        return b""  # no length and no end-of-body marker: PEP 3333 says read nothing
+    elif not environ.get("wsgi.input_terminated"):  # no length and no end-of-body marker: PEP 3333 says read nothing
+        if environ.get("HTTP_TRANSFER_ENCODING"):  # a chunked body this server does not frame for us
+            raise HTTPError(411, "send the body with a Content-Length: this server cannot read a chunked body")
+        return b""
     try:  # a chunked body is read to one byte past the limit, which tells one that is over it
         body = environ["wsgi.input"].read(limit + 1 if length is None else length)
     except TimeoutError:  # the client stalled past the server's timeout
@@ -387,11 +389,13 @@ def error_json(status, message):
 
 # ---- The WSGI application ----
 
-def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=(), webhook_secret=None):
+def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=(), webhook_secret=None,
+             cors_origins=()):
     """Return the WSGI application (PEP 3333) that accepts the given bearer tokens.
 
     With webhook_urls, each new plant is also POSTed to every one of them, signed with
     webhook_secret (see WebhookSender); the application's `webhook_sender` attribute is the sender.
+    cors_origins lists the exact origins (https://example.org) whose browser pages may call it.
     """
     if isinstance(tokens, str):
         raise TypeError("tokens must be a list of strings, not one string")
@@ -421,7 +425,8 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
                          "receivers check every webhook's signature")
     sender = WebhookSender(webhook_urls, webhook_secret, store) if webhook_urls else None
     notify = sender and sender.notify  # after each create: a SQL store wrote the event, the memory one queues it
-    document = json.dumps(OPENAPI, indent=2).encode("ascii")
+    document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **OPENAPI}, indent=2).encode("ascii")
+    cors_origins = frozenset([cors_origins] if isinstance(cors_origins, str) else cors_origins)
 
     # Each handler takes the environ and the {id} of the path (None on other routes), and returns
     # its status and body; anything else is an HTTPError.
@@ -452,14 +457,33 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
         return 204, b"", ()
 
     def read_document(environ, _):  # the one handler anyone may call: tools read it before they have a token
-        return 200, document, ()
+        mounted = json.encoder.encode_basestring_ascii(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
+        return 200, document.replace(b'"SCRIPT_NAME"', mounted, 1), ()  # where the app is mounted, as `servers`
 
     routes = {"/plants": {"GET": list_plants, "POST": create_plant}, "/openapi.json": {"GET": read_document}}
     plant_route = {"DELETE": delete_plant}  # /plants/{id}
 
+    def allowed(methods):
+        return ", ".join(sorted([*methods, *(["HEAD"] if "GET" in methods else []), "OPTIONS"]))
+
+    def options_headers(environ, methods):
+        """OPTIONS: the route's methods, and to the preflight of a listed origin, what CORS asks."""
+        headers = [("Allow", allowed(methods))]
+        if environ.get("HTTP_ORIGIN") in cors_origins and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ:
+            headers += [("Access-Control-Allow-Methods", allowed(methods)), ("Access-Control-Max-Age", "600"),
+                        ("Access-Control-Allow-Headers", "Authorization, Content-Type")]
+        return headers
+
+    def cors_headers(origin):
+        """Every answer varies with Origin; one to a listed origin may be read by that origin's page."""
+        if origin not in cors_origins:
+            return [("Vary", "Origin")]
+        return [("Vary", "Origin"), ("Access-Control-Allow-Origin", origin),
+                ("Access-Control-Expose-Headers", "Link, Retry-After, WWW-Authenticate")]
+
     def application(environ, start_response):
         """Route, authenticate and run one request, and answer it: JSON (204: no body), never an exception."""
-        headers = ()
+        headers, head = (), False
         try:
             path, plant_id = environ.get("PATH_INFO", ""), None
             methods = routes.get(path)
@@ -468,25 +492,39 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
                 if not plant_id or "/" in plant_id:
                     raise HTTPError(404, "not found: the routes are /plants, /plants/{id} and /openapi.json")
                 methods = plant_route
-            handler = methods.get(environ["REQUEST_METHOD"])
-            if handler is None:
-                allow = ", ".join(methods)
+            method = environ["REQUEST_METHOD"]
+            handler = methods.get(method)
+            if handler is None and method == "HEAD" and "GET" in methods:
+                handler, head = methods["GET"], True  # GET's answer, without its body
+            if handler is not None:
+                if handler is not read_document:
+                    check_bearer(environ, credentials)
+                status, body, headers = handler(environ, plant_id)
+            elif method == "OPTIONS":  # no token: a browser's preflight never carries one
+                if plant_id is not None:
+                    url_integer(plant_id, "id")  # /plants/abc has no methods: it is no plant's path
+                status, body, headers = 204, b"", options_headers(environ, methods)
+            else:
+                allow = allowed(methods)
                 raise HTTPError(405, f"method not allowed here; allowed: {allow}", headers=[("Allow", allow)])
-            if handler is not read_document:
-                check_bearer(environ, credentials)
-            status, body, headers = handler(environ, plant_id)
         except HTTPError as error:
             status, headers, body = error.status, error.headers, error_json(error.status, error.message)
+            head = environ.get("REQUEST_METHOD") == "HEAD"
         except Exception:
             traceback.print_exc(file=environ.get("wsgi.errors", sys.stderr))
             status, body = 500, error_json(500, "internal server error")
+            head = environ.get("REQUEST_METHOD") == "HEAD"
+        if cors_origins:
+            headers = [*headers, *cors_headers(environ.get("HTTP_ORIGIN"))]
         # The Content-Type pair is written out: a literal is one constant, not a tuple built per answer.
         if type(body) is not bytes:  # a streamed listing: its length is not known before its end
             start_response(_STATUS_LINES[status], [("Content-Type", "application/json"), *headers])
-            return body
-        start_response(_STATUS_LINES[status], [] if status == 204 else [
+            if head:
+                body.close()  # never started: nothing of the store was read
+            return [] if head else body
+        start_response(_STATUS_LINES[status], list(headers) if status == 204 else [
             ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers])
-        return [body]
+        return [] if head or status == 204 else [body]  # HEAD: the headers GET would have, and no body
 
     application.webhook_sender = sender
     return application
@@ -1034,10 +1072,40 @@ _ERRORS = {  # status: (description, the header that comes with it)
     405: ("The path does not have this method", "Allow"),
     408: ("The request body did not arrive in time", None),
     409: ("A plant with this id already exists; it is left unchanged", None),
+    411: ("A chunked body that this server cannot read: send a Content-Length", None),
     413: ("The request body is larger than the limit", None),
     415: ("The body is not application/json", "Accept"),
     500: ("The server failed", None),
     503: ("The database is unavailable for a moment; try again after Retry-After seconds", "Retry-After"),
+}
+
+def _head(get):
+    """HEAD, which every GET route has: GET's answers, headers and all, without their bodies (RFC 9110)."""
+    return {**get, "description": "As GET, without the body"}
+
+
+_OPTIONS = {"description": "The methods this path has; to a listed origin's CORS preflight, what CORS asks. "
+                           "No token is needed", "security": [], "responses": {"204": {
+                "description": "The methods, in Allow", "headers": {"Allow": {"schema": {"type": "string"}}}}}}
+_OPTIONS_OF_A_PLANT = {**_OPTIONS, "responses": {**_OPTIONS["responses"], **_responses({}, 400)}}  # 400: not an id
+
+_LIST_PLANTS = {
+    "description": "Lists plants, oldest first: without `limit`, every plant (streamed, with no "
+                   "Content-Length); with it, one page, and a `Link` to the next when more follow",
+    "parameters": [
+        {"name": "limit", "in": "query", "description": f"How many plants at most (a page holds "
+         f"{PAGE_MAX} at most)", "schema": {"type": "integer", "format": "int32", "minimum": 0}},
+        {"name": "after", "in": "query", "description": "Where a page starts: the cursor of a next "
+         "link, opaque to clients", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{11}$"}}],
+    "responses": _responses({"200": {
+        "description": "The plants, oldest first",
+        "headers": {"Link": {"description": 'The next page, as <...>; rel="next" (RFC 8288), when '
+                                            "more plants may follow", "schema": {"type": "string"}}},
+        "content": _json_content({"type": "array", "items": _PLANT})}}, 400, 401, 500, 503),
+}
+_READ_DOCUMENT = {
+    "description": "This document: the one request that needs no token", "security": [],
+    "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
 }
 
 OPENAPI = {
@@ -1046,38 +1114,27 @@ OPENAPI = {
     "security": [{"bearerAuth": []}],
     "paths": {
         "/plants": {
-            "get": {
-                "description": "Lists plants, oldest first: without `limit`, every plant (streamed, with no "
-                               "Content-Length); with it, one page, and a `Link` to the next when more follow",
-                "parameters": [
-                    {"name": "limit", "in": "query", "description": f"How many plants at most (a page holds "
-                     f"{PAGE_MAX} at most)", "schema": {"type": "integer", "format": "int32", "minimum": 0}},
-                    {"name": "after", "in": "query", "description": "Where a page starts: the cursor of a next "
-                     "link, opaque to clients", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{11}$"}}],
-                "responses": _responses({"200": {
-                    "description": "The plants, oldest first",
-                    "headers": {"Link": {"description": 'The next page, as <...>; rel="next" (RFC 8288), when '
-                                                        "more plants may follow", "schema": {"type": "string"}}},
-                    "content": _json_content({"type": "array", "items": _PLANT})}}, 400, 401, 500, 503),
-            },
+            "get": _LIST_PLANTS,
+            "head": _head(_LIST_PLANTS),
             "post": {
                 "description": "Creates a new plant in the store",
                 "requestBody": {"description": "Plant to add to the store", "required": True,
                                 "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
                 "responses": _responses({"200": {"description": "plant response", "content": _json_content(_PLANT)}},
-                                        400, 401, 408, 409, 413, 415, 500, 503),
+                                        400, 401, 408, 409, 411, 413, 415, 500, 503),
             },
+            "options": _OPTIONS,
         },
-        "/plants/{id}": {"delete": {
-            "description": "Deletes a plant; its id can be used again",
+        "/plants/{id}": {
             "parameters": [{"name": "id", "in": "path", "required": True, "description": "The plant's id",
                             "schema": {"type": "integer", "format": "int64"}}],
-            "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500, 503),
-        }},
-        "/openapi.json": {"get": {
-            "description": "This document: the one request that needs no token", "security": [],
-            "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
-        }},
+            "delete": {
+                "description": "Deletes a plant; its id can be used again",
+                "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500, 503),
+            },
+            "options": _OPTIONS_OF_A_PLANT,
+        },
+        "/openapi.json": {"get": _READ_DOCUMENT, "head": _head(_READ_DOCUMENT), "options": _OPTIONS},
     },
     "webhooks": {"/plant/webhook": {"post": {  # the full sample's, sent when PLANTSTORE_WEBHOOK_URL is set
         "description": "Information about a new plant added to the store, signed as Standard Webhooks says: "

@@ -157,10 +157,13 @@ def test_unknown_path_is_404_before_auth(app, path):
     assert "WWW-Authenticate" not in response.headers
 
 
+PLANTS_ALLOW, PLANT_ALLOW, DOCUMENT_ALLOW = "GET, HEAD, OPTIONS, POST", "DELETE, OPTIONS", "GET, HEAD, OPTIONS"
+
+
 @pytest.mark.parametrize("path, method, allow", [
-    ("/plants", "PUT", "GET, POST"), ("/plants", "PATCH", "GET, POST"), ("/plants", "DELETE", "GET, POST"),
-    ("/plants", "OPTIONS", "GET, POST"), ("/plants/1", "GET", "DELETE"), ("/plants/1", "POST", "DELETE"),
-    ("/plants/1", "PUT", "DELETE"), ("/plants/abc", "PATCH", "DELETE"),
+    ("/plants", "PUT", PLANTS_ALLOW), ("/plants", "PATCH", PLANTS_ALLOW), ("/plants", "DELETE", PLANTS_ALLOW),
+    ("/plants", "TRACE", PLANTS_ALLOW), ("/plants/1", "GET", PLANT_ALLOW), ("/plants/1", "POST", PLANT_ALLOW),
+    ("/plants/1", "PUT", PLANT_ALLOW), ("/plants/abc", "PATCH", PLANT_ALLOW),
 ])
 def test_other_methods_are_405_with_allow_before_auth(app, path, method, allow):
     response = app.request(path, method=method, status=405, expect_errors=True)
@@ -168,6 +171,86 @@ def test_other_methods_are_405_with_allow_before_auth(app, path, method, allow):
     assert response.headers["Allow"] == allow
     assert "WWW-Authenticate" not in response.headers
 
+
+
+# ---- HEAD, OPTIONS and CORS ----
+
+@pytest.mark.parametrize("path, headers, status", [
+    ("/plants?limit=5", AUTH, 200), ("/plants", AUTH, 200), ("/openapi.json", {}, 200), ("/plants", {}, 401),
+    ("/nope", AUTH, 404), ("/plants/1", AUTH, 405), ("/plants?limit=x", AUTH, 400),
+], ids=["page", "streamed-listing", "document", "no-token", "unknown-path", "no-GET-there", "bad-limit"])
+def test_head_answers_as_get_would_without_a_body(store, path, headers, status):
+    store.add(1, "Fern", None)
+    environ = {"HTTP_AUTHORIZATION": headers.get("Authorization", "")}
+    got, got_headers, body = call(make_app([TOKEN], store=store), method="HEAD", path=path.partition("?")[0],
+                                  environ={**environ, "QUERY_STRING": path.partition("?")[2]})
+    expected = call(make_app([TOKEN], store=store), method="GET", path=path.partition("?")[0],
+                    environ={**environ, "QUERY_STRING": path.partition("?")[2]})
+    assert got == status == expected[0] and body is None  # no body bytes at all
+    assert got_headers == expected[1]  # Content-Length included: what GET would send
+
+
+@pytest.mark.parametrize("path, allow", [("/plants", PLANTS_ALLOW), ("/plants/7", PLANT_ALLOW),
+                                         ("/openapi.json", DOCUMENT_ALLOW)])
+def test_options_answers_204_with_allow_without_a_token(app, path, allow):
+    response = app.options(path, status=204)
+    assert response.headers["Allow"] == allow and response.body == b""
+    assert "Content-Type" not in response.headers and "Content-Length" not in response.headers
+    assert not any(name.startswith("Access-Control") for name in response.headers)
+
+
+ORIGIN = "https://playground.example"
+
+
+@pytest.fixture
+def cors_app(store):
+    return webtest.TestApp(make_app([TOKEN], store=store, cors_origins=[ORIGIN, "http://localhost:3000"]))
+
+
+def test_a_preflight_from_a_listed_origin_is_answered(cors_app):
+    response = cors_app.options("/plants", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                                                    "Access-Control-Request-Headers": "authorization, content-type"},
+                                status=204)
+    assert response.headers["Access-Control-Allow-Origin"] == ORIGIN
+    assert response.headers["Access-Control-Allow-Methods"] == PLANTS_ALLOW
+    assert response.headers["Access-Control-Allow-Headers"] == "Authorization, Content-Type"
+    assert int(response.headers["Access-Control-Max-Age"]) > 0 and response.headers["Vary"] == "Origin"
+
+
+def test_answers_to_a_listed_origin_carry_cors_headers_errors_too(cors_app):
+    created = post(cors_app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, "Origin": ORIGIN})
+    refused = post(cors_app, {"id": 2, "name": "Ivy"}, 401, headers={"Origin": ORIGIN})
+    for response in created, refused:
+        assert response.headers["Access-Control-Allow-Origin"] == ORIGIN and response.headers["Vary"] == "Origin"
+        assert "Link" in response.headers["Access-Control-Expose-Headers"]
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "https://playground.example.evil", "null", None])
+def test_other_origins_get_no_cors_headers(cors_app, origin):
+    headers = {"Origin": origin} if origin else {}
+    preflight = cors_app.options("/plants", headers={**headers, "Access-Control-Request-Method": "POST"}, status=204)
+    created = post(cors_app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, **headers})
+    for response in preflight, created:
+        assert not any(name.startswith("Access-Control") for name in response.headers)
+        assert response.headers["Vary"] == "Origin"  # the answer to a listed origin differs: caches must know
+
+
+def test_without_cors_origins_nothing_changes(app):
+    response = post(app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, "Origin": ORIGIN})
+    assert not any(name.startswith("Access-Control") for name in response.headers) and "Vary" not in response.headers
+
+
+def test_a_chunked_body_the_server_does_not_frame_is_411():
+    status, headers, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={
+        "CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"})
+    assert status == 411 and body["error"] == 411 and "Content-Length" in body["message"]
+
+
+@pytest.mark.parametrize("script_name, url", [("", "/"), ("/api", "/api"), ("/plant store", "/plant%20store")])
+def test_the_documents_servers_say_where_the_app_is_mounted(store, script_name, url):
+    document = webtest.TestApp(make_app([TOKEN], store=store)).get(
+        "/openapi.json", extra_environ={"SCRIPT_NAME": script_name}, status=200).json
+    assert document["servers"] == [{"url": url}]
 
 def test_mounted_under_a_prefix_answers_as_at_the_root(store):
     """Routing uses PATH_INFO alone, so SCRIPT_NAME can be anything."""
@@ -1546,7 +1629,7 @@ def test_kill_9_between_creates_and_their_delivery_loses_no_event(spawn, receive
 def test_openapi_document_is_served_without_a_token_and_is_valid(app):
     response = app.get("/openapi.json", status=200)
     assert response.content_type == "application/json"
-    assert response.json == plantstore.OPENAPI
+    assert response.json == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
     openapi_spec_validator.validate(response.json)  # raises unless it is valid OpenAPI 3.1
     assert response.json["openapi"] == "3.1.0"
     assert response.json["info"] == {"title": "Plant Store", "version": "1.0.0",
@@ -1559,7 +1642,7 @@ def test_openapi_document_is_served_without_a_token_and_is_valid(app):
 def test_openapi_document_answers_other_methods_405(app, method):
     response = app.request("/openapi.json", method=method, status=405, expect_errors=True)
     assert_error(response, 405)
-    assert response.headers["Allow"] == "GET" and "WWW-Authenticate" not in response.headers
+    assert response.headers["Allow"] == DOCUMENT_ALLOW and "WWW-Authenticate" not in response.headers
 
 
 def test_openapi_document_keeps_the_specification_schemas():
@@ -1584,6 +1667,14 @@ def documented(method, path, status):
 
 # Every status each operation can send, each brought about once: (operation, call() arguments, status, header).
 PLANT = json.dumps({"id": 1, "name": "Fern"}).encode()
+STATUS_CASES_OF_GET = [
+    (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}), 400, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
+    (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
+    (("GET", "/plants"), dict(method="GET", path="/plants", store="away"), 503, "Retry-After"),
+    (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
+]
 STATUS_CASES = [
     (("POST", "/plants"), dict(body=PLANT), 200, None),
     (("POST", "/plants"), dict(body=b"[]"), 400, None),
@@ -1594,11 +1685,7 @@ STATUS_CASES = [
     (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}), 415, "Accept"),
     (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
     (("POST", "/plants"), dict(body=PLANT, store="away"), 503, "Retry-After"),
-    (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
-    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}), 400, None),
-    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
-    (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
-    (("GET", "/plants"), dict(method="GET", path="/plants", store="away"), 503, "Retry-After"),
+    *STATUS_CASES_OF_GET,
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="taken"), 204, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/x"), 400, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}), 401,
@@ -1606,7 +1693,13 @@ STATUS_CASES = [
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1"), 404, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="broken"), 500, None),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="away"), 503, "Retry-After"),
-    (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
+    (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}), 411,
+     None),
+    *[(("HEAD", path), dict(arguments, method="HEAD"), status, header)
+      for (method, path), arguments, status, header in STATUS_CASES_OF_GET],
+    *[(("OPTIONS", path), dict(method="OPTIONS", path=path.replace("{id}", "1"), environ={"HTTP_AUTHORIZATION": ""}),
+       204, "Allow") for path in ("/plants", "/plants/{id}", "/openapi.json")],
+    (("OPTIONS", "/plants/{id}"), dict(method="OPTIONS", path="/plants/x", environ={"HTTP_AUTHORIZATION": ""}), 400, None),
 ]
 
 
@@ -1633,6 +1726,8 @@ def test_every_status_an_operation_sends_is_in_the_document(operation, arguments
 def test_the_document_lists_no_status_an_operation_never_sends():
     for path, operations in plantstore.OPENAPI["paths"].items():
         for method, operation in operations.items():
+            if method == "parameters":  # the path's own, not an operation
+                continue
             sent = {status for op, _, status, _ in STATUS_CASES if op == (method.upper(), path)}
             assert {int(status) for status in operation["responses"]} == sent, (method, path)
 
