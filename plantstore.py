@@ -52,6 +52,7 @@ import os
 import random
 import re
 import secrets
+import signal
 import socket
 import socketserver
 import sqlite3
@@ -65,7 +66,7 @@ from decimal import Decimal
 from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs, quote, unquote, urlsplit
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 if sys.version_info < (3, 11):  # one line, before anything that needs 3.11 fails with a traceback
     raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
@@ -77,6 +78,7 @@ __all__ = ["HTTPError", "OPENAPI", "PlantStore", "PostgresStore", "SQLStore", "S
 
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
 WEBHOOK_URL_VARIABLE, WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_URL", "PLANTSTORE_WEBHOOK_SECRET"
+CORS_VARIABLE = "PLANTSTORE_CORS_ORIGINS"
 MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 MAX_BODY_BYTES = 65536  # default request body limit; larger bodies get 413
@@ -427,6 +429,11 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
     notify = sender and sender.notify  # after each create: a SQL store wrote the event, the memory one queues it
     document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **OPENAPI}, indent=2).encode("ascii")
     cors_origins = frozenset([cors_origins] if isinstance(cors_origins, str) else cors_origins)
+    for origin in cors_origins:  # as a browser sends Origin: a scheme, a host, maybe a port; nothing after
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname or origin != f"{parts.scheme}://{parts.netloc}":
+            raise ValueError(f"each origin (as in {CORS_VARIABLE}) must be exact, as https://example.org or "
+                             "http://localhost:3000: no path, no trailing slash, no *")
 
     # Each handler takes the environ and the {id} of the path (None on other routes), and returns
     # its status and body; anything else is an HTTPError.
@@ -560,10 +567,12 @@ def tokens_from_environ(environ=os.environ):
     return tokens
 
 
-def webhooks_from_environ(environ=os.environ):
-    """Return make_app's webhook settings from PLANTSTORE_WEBHOOK_URL (comma-separated) and _SECRET."""
-    urls = [url.strip() for url in environ.get(WEBHOOK_URL_VARIABLE, "").split(",") if url.strip()]
-    return {"webhook_urls": urls, "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE)}
+def options_from_environ(environ=os.environ):
+    """Return make_app's other settings: the webhook's URLs and secret, and the CORS origins."""
+    def listed(name):
+        return [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
+    return {"webhook_urls": listed(WEBHOOK_URL_VARIABLE), "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE),
+            "cors_origins": listed(CORS_VARIABLE)}
 
 
 def store_from_environ(environ=os.environ):
@@ -584,7 +593,7 @@ def __getattr__(name):
         if tokens is None:
             raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
                              "comma-separated; plantstore never runs without authentication")
-        app = make_app(tokens, store=store_from_environ(), **webhooks_from_environ())
+        app = make_app(tokens, store=store_from_environ(), **options_from_environ())
     except ValueError as problem:
         # gunicorn prints its own AppImportError as one line and stops instead of booting.
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
@@ -1169,6 +1178,14 @@ OPENAPI = {
 
 # ---- The embedded server: wsgiref, threaded, with timeouts ----
 
+class _ServerHandler(ServerHandler):
+    def finish_content(self):
+        # wsgiref gives every answer without a body "Content-Length: 0"; RFC 9110 (8.6) forbids it on a 204.
+        if not self.headers_sent and self.status.startswith("204"):
+            self.send_headers()
+        super().finish_content()
+
+
 class _RequestHandler(WSGIRequestHandler):
     """wsgiref's request handler, with a socket timeout and a log that keeps secrets out."""
 
@@ -1181,6 +1198,25 @@ class _RequestHandler(WSGIRequestHandler):
         self.timeout = self.server.client_timeout  # a silent client cannot hold its thread
         super().setup()
 
+    def parse_request(self):
+        if not super().parse_request():
+            return False
+        if self.path.startswith(("http://", "https://")):  # absolute form (RFC 9112, 3.2.2): its path and query
+            target = urlsplit(self.path)
+            self.path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+        return True
+
+    def handle(self):
+        """wsgiref's, with _ServerHandler: read one request and run the application on it."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+        elif self.parse_request():
+            handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+            handler.request_handler = self  # for its log line
+            handler.run(self.server.get_app())
+
     def log_request(self, code="-", size="-"):
         # Method and path only: the query string is where careless clients put secrets.
         path = getattr(self, "path", "").partition("?")[0]  # no path when the request line was garbage
@@ -1191,11 +1227,22 @@ class _RequestHandler(WSGIRequestHandler):
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server with a thread per connection and a listen backlog for bursts."""
+    """wsgiref's server with a thread per connection, a listen backlog for bursts, and a clean stop."""
 
-    daemon_threads = True  # Ctrl-C does not wait for open connections
-    request_queue_size = 128  # listen backlog: 64 simultaneous connects are queued, not refused
+    daemon_threads = True  # at exit, no thread is waited for: finish() has waited for the requests
+    request_queue_size = 1024  # listen backlog: 200 simultaneous connects are queued, not refused
     linger_seconds = 2
+
+    def process_request(self, request, client_address):
+        with self.idle:
+            self.in_flight += 1
+        super().process_request(request, client_address)
+
+    def finish(self, seconds):
+        """Stop accepting, and wait up to `seconds` for the requests in flight to be answered."""
+        self.server_close()
+        with self.idle:
+            self.idle.wait_for(lambda: not self.in_flight, timeout=seconds)
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], OSError):  # a client that timed out or hung up is quiet
@@ -1213,12 +1260,16 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         except OSError:
             pass
         self.close_request(request)
+        with self.idle:
+            self.in_flight -= 1
+            self.idle.notify_all()
 
 
 def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
     """Return the embedded server for application, bound to (host, port); port 0 picks a free one."""
     server = _Server((host, port), _RequestHandler)
     server.client_timeout = client_timeout
+    server.in_flight, server.idle = 0, threading.Condition()
     server.set_app(application)
     return server
 
@@ -1231,6 +1282,7 @@ ENVIRONMENT_HELP = f"""environment:
                      URL (pip install 'plantstore[postgres]'); unset: in this process's memory
   {WEBHOOK_URL_VARIABLE}     where each new plant is POSTed: URLs, comma-separated (unset: nowhere)
   {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them: whsec_ and base64
+  {CORS_VARIABLE}    origins whose browser pages may call it, exact, comma-separated
 
 more: README.md, or python -m pydoc plantstore"""
 
@@ -1249,7 +1301,7 @@ def main(argv=None):
             tokens = [secrets.token_urlsafe(32)]
             print(f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}",
                   file=sys.stderr)
-        application = make_app(tokens, store=store_from_environ(), **webhooks_from_environ())
+        application = make_app(tokens, store=store_from_environ(), **options_from_environ())
         server = make_server(args.host, args.port, application)
     except ValueError as error:  # a bad setting: said in one line, and the server does not start
         print(f"plantstore: {error}", file=sys.stderr)
@@ -1261,11 +1313,18 @@ def main(argv=None):
         host, port = server.server_address[:2]
         print(f"plantstore {__version__} listening on http://{host}:{port}/plants (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, _interrupt)  # how systemd and containers stop a service
         try:
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
+            print("plantstore: stopping: answering the requests under way, accepting no new ones",
+                  file=sys.stderr, flush=True)
+            server.finish(server.client_timeout)
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -240,6 +240,13 @@ def test_without_cors_origins_nothing_changes(app):
     assert not any(name.startswith("Access-Control") for name in response.headers) and "Vary" not in response.headers
 
 
+
+@pytest.mark.parametrize("origin", ["*", "https://playground.example/", "https://playground.example/docs",
+                                    "playground.example", "ftp://playground.example"])
+def test_make_app_refuses_an_origin_no_browser_sends(origin):
+    with pytest.raises(ValueError, match="must be exact"):
+        make_app([TOKEN], cors_origins=[origin])
+
 def test_a_chunked_body_the_server_does_not_frame_is_411():
     status, headers, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={
         "CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"})
@@ -1838,13 +1845,13 @@ def test_a_silent_connection_is_closed_after_the_timeout(served):
         assert silent.recv(100) == b""  # closed by the server, not by our timeout
 
 
-def test_64_simultaneous_connections_are_all_answered(served, store):
-    # Connect all 64 before the server accepts any: they must all fit in the listen backlog
+def test_200_simultaneous_connections_are_all_answered(served, store):
+    # Connect all 200 before the server accepts any: they must all fit in the listen backlog
     # (with wsgiref's default of 5, the sixth connect would wait for a SYN retry and time out).
     server = served(accepting=False)
     sockets = []
     try:
-        for n in range(64):
+        for n in range(200):
             sockets.append(socket.create_connection(server.server_address, timeout=5))
             sockets[-1].sendall(raw_request({"id": n, "name": f"p{n}"}))
         server.thread.start()
@@ -1854,9 +1861,49 @@ def test_64_simultaneous_connections_are_all_answered(served, store):
     finally:
         for sock in sockets:
             sock.close()
-    assert statuses == [200] * 64
-    assert len(stored(store)) == 64
+    assert statuses == [200] * 200
+    assert len(stored(store)) == 200
 
+
+
+def exchange_raw(server, request):
+    """Send raw bytes to the embedded server; return the whole answer (it closes the connection)."""
+    with socket.create_connection(server.server_address[:2], timeout=WAIT) as sock:
+        sock.sendall(request)
+        return read_raw(sock)
+
+
+def test_the_embedded_server_sends_no_content_length_on_a_204(served, store):
+    store.add(1, "Fern", None)
+    answer = exchange_raw(served(), f"DELETE /plants/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+                                    f"\r\n\r\n".encode())
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 204") and body == b""
+    assert b"content-length" not in head.lower() and b"content-type" not in head.lower()
+
+
+def test_the_embedded_server_sends_no_body_on_head(served):
+    for target, token in [("/plants", TOKEN), ("/plants", "wrong-token-of-16ch"), ("/nowhere", TOKEN)]:
+        answer = exchange_raw(served(), f"HEAD {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+                                        f"\r\n\r\n".encode())
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split()[1] in (b"200", b"401", b"404") and body == b""
+
+
+def test_the_embedded_server_takes_an_absolute_form_target(served, store):
+    body = b'{"id": 1, "name": "Fern"}'
+    answer = exchange_raw(served(), b"POST http://plants.example:8000/plants HTTP/1.1\r\nHost: plants.example\r\n"
+                                    b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Type: application/json"
+                                    b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert answer.startswith(b"HTTP/1.0 200") and stored(store) == {1: ("Fern", None)}
+
+
+def test_the_embedded_server_answers_a_chunked_body_411_not_empty(served, store):
+    answer = exchange_raw(served(), b"POST /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
+                          b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                          b"19\r\n{\"id\": 1, \"name\": \"Fern\"}\r\n0\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 411") and json.loads(body)["error"] == 411 and stored(store) == {}
 
 def test_an_oversized_body_gets_its_413_not_a_reset(served):
     server = served()
@@ -1990,6 +2037,23 @@ def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spaw
     assert "Traceback" not in rest
     assert rest.count(token) == 1  # printed once, never logged again
 
+
+
+def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(spawn):
+    process = spawn([sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    body = b'{"id": 1, "name": "Fern"}'
+    with socket.create_connection((host, int(port)), timeout=WAIT) as in_flight:
+        in_flight.sendall(raw_request(body)[:-10])  # the request is under way: its last bytes come later
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        err.until("stopping")
+        with pytest.raises(OSError):  # no new connection is accepted meanwhile
+            socket.create_connection((host, int(port)), timeout=WAIT).close()
+        in_flight.sendall(body[-10:])
+        assert read_status(in_flight) == (200, {"name": "Fern"})
+    assert process.wait(WAIT) == 0 and "Traceback" not in err.rest()
 
 def test_python_plantstore_py_uses_plantstore_tokens(spawn):
     process = spawn([sys.executable, "plantstore.py", "--host", "127.0.0.1", "--port", "0"],
