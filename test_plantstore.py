@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from wsgiref.util import setup_testing_defaults
 from wsgiref.validate import validator
 
@@ -269,16 +270,7 @@ def test_mounted_under_a_prefix_answers_as_at_the_root(store):
 
 def test_mounted_behind_a_dispatcher(store):
     """A parent app shifts /api off the path, as a real WSGI stack would."""
-    from wsgiref.util import shift_path_info
-
-    plants = make_app([TOKEN], store=store)
-
-    def parent(environ, start_response):
-        if shift_path_info(environ) == "api":
-            return plants(environ, start_response)
-        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")])
-        return [b""]
-
+    parent = mounted_at_api(make_app([TOKEN], store=store))
     status, _, body = call(parent, path="/api/plants", body=b'{"id": 4, "name": "Sage"}')
     assert (status, body) == (200, {"name": "Sage"})
     assert stored(store).get(4) == ("Sage", None)
@@ -1755,6 +1747,31 @@ def test_schemathesis_finds_no_failure(case):
     case.call_and_validate()
 
 
+def mounted_at_api(application):
+    """A parent WSGI app that mounts application at /api, as a real stack would."""
+    from wsgiref.util import shift_path_info
+
+    def parent(environ, start_response):
+        if shift_path_info(environ) == "api":
+            return application(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")])
+        return [b""]
+    return parent
+
+
+MOUNTED_SCHEMA = schemathesis.openapi.from_wsgi("/api/openapi.json", mounted_at_api(make_app([TOKEN])))
+MOUNTED_SCHEMA.config.update(headers=AUTH)
+
+
+@MOUNTED_SCHEMA.parametrize()
+@hypothesis.settings(max_examples=10, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(hypothesis.HealthCheck))
+def test_schemathesis_from_the_document_of_an_app_mounted_at_api_finds_no_failure(case):
+    """Started from /api/openapi.json alone: its servers entry sends every call to /api."""
+    assert case.path.startswith("/") and case.operation.base_url.endswith("/api")
+    case.call_and_validate()
+
+
 # ---- The embedded server, over real sockets ----
 
 @pytest.fixture
@@ -1987,6 +2004,7 @@ def spawn():
         processes.append(process)
         return process
 
+    start.processes = processes
     yield start
     for process in processes:
         try:
@@ -2179,6 +2197,154 @@ def test_gunicorn_refuses_to_boot_without_tokens(spawn):
     err = process.stderr.read()
     assert "PLANTSTORE_TOKENS is not set" in err
     assert "Traceback" not in err
+
+
+# ---- nginx in front of gunicorn, with the shipped deploy/nginx.conf ----
+
+def nginx_binary():
+    found = shutil.which("nginx") or next((path for path in ("/usr/sbin/nginx",) if os.path.exists(path)), None)
+    assert found, "nginx is not installed: apt-get install nginx-light (.ci/run does it)"
+    return found
+
+
+@pytest.fixture
+def nginx_in_front(spawn, tmp_path):
+    """gunicorn -w 1 --threads 8, and nginx before it with deploy/nginx.conf, its ports and paths substituted."""
+    _, _, gunicorn_port, _ = start_gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    port = free_port()
+    config = (HERE / "deploy" / "nginx.conf").read_text()
+    substitutions = [
+        ("user www-data;", "user root;" if os.geteuid() == 0 else ""),  # workers as the test's own user
+        ("pid /run/nginx.pid;", f"pid {tmp_path}/nginx.pid;"),
+        ("/var/log/nginx/", f"{tmp_path}/"),
+        ("listen 80 default_server;", f"listen 127.0.0.1:{port} default_server;"),
+        ("server 127.0.0.1:8000;", f"server 127.0.0.1:{gunicorn_port};"),
+        ("http {", f"http {{\n    client_body_temp_path {tmp_path}/body; proxy_temp_path {tmp_path}/proxy;"),
+    ]
+    for shipped, local in substitutions:
+        assert shipped in config, f"deploy/nginx.conf no longer has {shipped!r}: change the test with it"
+        config = config.replace(shipped, local)
+    (tmp_path / "nginx.conf").write_text(config)
+    nginx = spawn([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e",
+                   str(tmp_path / "error.log"), "-g", "daemon off;"], environ_without_tokens())
+    deadline = time.monotonic() + WAIT
+    while True:
+        assert nginx.poll() is None, f"nginx did not start: {(tmp_path / 'error.log').read_text()}"
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return SimpleNamespace(port=port, folder=tmp_path, gunicorn_port=gunicorn_port)
+
+
+def from_address(source, port):
+    """A connection to loopback from another loopback address: nginx counts it as another client."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT, source_address=(source, 0))
+    return sock
+
+
+def still_open(sock):
+    """True while the peer has not closed the connection (nothing to read, no end of stream)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(nginx_in_front):
+    port, slow, stop = nginx_in_front.port, [], threading.Event()
+    request = raw_request({"id": 0, "name": "never"})
+    try:
+        for n in range(508):  # 8 that send one byte and go silent, 500 that trickle their headers
+            slow.append(from_address("127.0.0.2", port))
+            slow[-1].sendall(request[:1])
+
+        def trickle():
+            for offset in itertools.count(1):
+                for sock in slow[8:]:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(request[offset:offset + 1])
+                if stop.wait(0.2) or offset > 40:  # bounded: 8 s at most, below nginx's header timeout
+                    return
+
+        trickler = threading.Thread(target=trickle)
+        trickler.start()
+        statuses = [post_over_http("127.0.0.1", port, TOKEN, {"id": n, "name": f"p{n}"})[0] for n in range(1, 21)]
+        held = sum(map(still_open, slow))
+    finally:
+        stop.set()
+        for sock in slow:
+            sock.close()
+    trickler.join(WAIT)
+    assert statuses == [200] * 20
+    assert held == 508  # every create was answered while all the slow connections were still held
+    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{n}"} for n in range(1, 21)])
+
+
+def test_nginx_closes_a_stalled_body_without_troubling_gunicorn(nginx_in_front):
+    """nginx reads the body before gunicorn sees it; a body that stalls never takes a gunicorn thread.
+
+    nginx never sends the 408 its log records: it closes the connection (nginx/nginx#489).
+    """
+    stalled = []
+    try:
+        for n in range(10):  # more than gunicorn's 8 threads
+            stalled.append(from_address("127.0.0.2", nginx_in_front.port))
+            stalled[-1].sendall(raw_request(b'{"id": 1, ', content_length=100))
+        assert post_over_http("127.0.0.1", nginx_in_front.port, TOKEN, {"id": 2, "name": "served"})[0] == 200
+        for sock in stalled:  # after client_body_timeout (10 s): closed, with no answer
+            assert read_raw(sock) == b""
+    finally:
+        for sock in stalled:
+            sock.close()
+    assert over_http("127.0.0.1", nginx_in_front.port, TOKEN, "GET", "/plants") == (200, [{"name": "served"}])
+    assert '"POST /plants" 408' in (nginx_in_front.folder / "access.log").read_text()
+
+
+def test_nginx_refuses_an_oversized_body_with_its_own_413_in_json(nginx_in_front):
+    status, headers, body = exchange("127.0.0.1", nginx_in_front.port, "POST", "/plants",
+                                     {"id": 1, "name": "x" * MAX_BODY_BYTES})
+    assert status == 413 and headers["Content-Type"] == "application/json"
+    assert body == {"error": 413, "message": "request body is larger than 65536 bytes (the proxy)"}  # nginx's
+    at_the_limit = _body_of_size(MAX_BODY_BYTES).decode()
+    status, _, body = exchange("127.0.0.1", nginx_in_front.port, "POST", "/plants", json.loads(at_the_limit))
+    assert status == 200  # the limits agree: what plantstore accepts, nginx lets through
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /plants HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+], ids=["not-http", "long-request-line", "large-header"])
+def test_nginx_answers_broken_http_in_json(nginx_in_front, request_bytes, status):
+    with socket.create_connection(("127.0.0.1", nginx_in_front.port), timeout=WAIT) as sock:
+        sock.sendall(request_bytes)
+        head, _, body = read_raw(sock).partition(b"\r\n\r\n")
+    assert int(head.split()[1]) == status and b"Content-Type: application/json" in head
+    assert json.loads(body)["error"] == status
+
+
+def test_nginx_answers_502_in_json_when_gunicorn_is_gone(nginx_in_front, spawn):
+    os.killpg(next(p for p in spawn.processes if "gunicorn" in p.args).pid, signal.SIGKILL)
+    status, headers, body = exchange("127.0.0.1", nginx_in_front.port, "GET", "/plants")
+    assert (status, body["error"], headers["Content-Type"]) == (502, 502, "application/json")
+
+
+def test_nginx_keeps_query_strings_out_of_its_access_log(nginx_in_front):
+    port = nginx_in_front.port
+    assert exchange("127.0.0.1", port, "GET", "/plants?limit=1&access_token=SECRET-IN-QUERY")[0] == 200
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:  # in a malformed request line too
+        sock.sendall(b"GET /plants?access_token=SECRET-IN-BAD-LINE HTTP/1.1 extra\r\n\r\n")
+        read_raw(sock)
+    logged = (nginx_in_front.folder / "access.log").read_text()
+    assert '"GET /plants" 200' in logged
+    assert "SECRET" not in logged and TOKEN not in logged
 
 
 # ---- The benchmark still runs (a smoke run with tiny counts; speed is not asserted here) ----
