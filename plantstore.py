@@ -2,7 +2,8 @@
 
 ``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional
 ``tag``) and answers the stored Plant (``name``, ``tag``; no ``id``);
-``GET /plants?limit=N`` lists plants, oldest first; ``DELETE /plants/{id}``
+``GET /plants?limit=N`` answers a page of plants, oldest first, with a ``Link``
+to the next (without ``limit``, every plant, streamed); ``DELETE /plants/{id}``
 removes one. Errors are ``{"error": <status>, "message": ...}``. Every request
 needs ``Authorization: Bearer <token>`` except ``GET /openapi.json``, which
 answers the OpenAPI 3.1 document of the service as it is, every status included.
@@ -10,34 +11,39 @@ answers the OpenAPI 3.1 document of the service as it is, every status included.
 Three ways to run it:
 
     python plantstore.py [--host H] [--port P]    # the embedded server below
-    gunicorn -w 1 --threads 8 plantstore:app       # production (pip install .[server])
-    PLANTSTORE_DB=plants.sqlite3 gunicorn -w 4 --threads 4 plantstore:app
+    gunicorn -w 1 --threads 8 plantstore:app       # production, behind nginx (deploy/)
     make_app(tokens, store=..., max_body_bytes=...)  # inside another WSGI stack
 
-Settings come from the environment: ``PLANTSTORE_TOKENS`` holds the accepted
-bearer tokens, comma-separated. Left unset, ``python plantstore.py`` makes up
-one token and prints it once; ``gunicorn plantstore:app`` refuses to boot.
-``PLANTSTORE_DB=/path/to/plants.sqlite3`` keeps the plants in SQLite instead of
-memory. Importing this module reads, prints and generates nothing.
+Settings come from the environment (``python plantstore.py --help`` lists them):
+``PLANTSTORE_TOKENS`` holds the accepted bearer tokens, comma-separated. Left
+unset, ``python plantstore.py`` makes up one token and prints it once;
+``gunicorn plantstore:app`` refuses to boot. ``PLANTSTORE_DB`` keeps the plants
+in an SQLite file, or in PostgreSQL for a ``postgresql://`` URL (with psycopg,
+the one optional dependency). ``PLANTSTORE_WEBHOOK_URL`` and ``_SECRET`` send
+each new plant to receivers; ``PLANTSTORE_CORS_ORIGINS`` lets browser pages of
+those origins call it. Importing this module reads, prints and generates nothing.
 
 A store is any object with these methods (``tag`` is None when there is none):
 ``add(plant_id, name, tag) -> bool`` inserts atomically and returns False,
-changing nothing, when the id is taken; ``list(limit) -> list`` returns up to
-``limit`` (None: all) ``(name, tag)`` pairs, oldest first; ``delete(plant_id)
--> bool`` removes the plant and returns False when there was none.
+changing nothing, when the id is taken; ``page(after, limit) -> list`` returns
+up to ``limit`` ``(key, name, tag)`` of the plants created after the one whose
+key is ``after`` (None: from the oldest), the key an int64 that grows with
+creation order; ``delete(plant_id) -> bool`` removes the plant and returns False
+when there was none. A store of the first interface, with ``list(limit)`` (up to
+``limit``, None: all, ``(name, tag)`` pairs, oldest first) instead of ``page``,
+still works, and pages the slow way. A store whose database is away raises
+``HTTPError(503, ...)``.
 
 The one thing people get wrong: the default ``PlantStore`` lives in the memory
 of one process. Several gunicorn workers would each hold a separate store, so
 run one worker with threads, or set ``PLANTSTORE_DB`` and run several.
 
 The embedded server is wsgiref made threaded: a reference server, fine on a
-laptop or behind a proxy; use gunicorn when it faces real traffic.
+laptop or behind nginx; gunicorn behind nginx is the one for real traffic.
 """
 
 import argparse
-import array
 import base64
-import bisect
 import collections
 import concurrent.futures
 import contextlib
@@ -45,9 +51,7 @@ import fcntl
 import hashlib
 import hmac
 import http.client
-import itertools
 import json
-import operator
 import os
 import random
 import re
@@ -418,22 +422,16 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
         if not callable(getattr(store, method, None)):
             raise TypeError(f"the store has no {method}() method: see the store interface in help(plantstore)")
     page = getattr(store, "page", None) or _pages_from_list(store)
-    webhook_urls = [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
-    for url in webhook_urls:
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-            raise ValueError(f"each webhook URL (as in {WEBHOOK_URL_VARIABLE}) must be an http:// or https:// URL")
-    if webhook_urls and not webhook_secret:
-        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is set: "
-                         "receivers check every webhook's signature")
-    sender = WebhookSender(webhook_urls, webhook_secret, store) if webhook_urls else None
-    notify = sender and sender.notify  # after each create: a SQL store wrote the event, the memory one queues it
-    document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **OPENAPI}, indent=2).encode("ascii")
     cors_origins = frozenset([cors_origins] if isinstance(cors_origins, str) else cors_origins)
     for origin in cors_origins:  # as a browser sends Origin: a scheme, a host, maybe a port; nothing after
         parts = urlsplit(origin)
         if parts.scheme not in ("http", "https") or not parts.hostname or origin != f"{parts.scheme}://{parts.netloc}":
             raise ValueError(f"each origin (as in {CORS_VARIABLE}) must be exact, as https://example.org or "
                              "http://localhost:3000: no path, no trailing slash, no *")
+    document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **OPENAPI}, indent=2).encode("ascii")
+    webhook_urls = [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
+    sender = WebhookSender(webhook_urls, webhook_secret, store) if webhook_urls else None  # last: it starts a thread
+    notify = sender and sender.notify  # after each create: a SQL store wrote the event, the memory one queues it
 
     # Each handler takes the environ and the {id} of the path (None on other routes), and returns
     # its status and body; anything else is an HTTPError.
@@ -527,7 +525,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
         if type(body) is not bytes:  # a streamed listing: its length is not known before its end
             start_response(_STATUS_LINES[status], [("Content-Type", "application/json"), *headers])
             if head:
-                body.close()  # never started: nothing of the store was read
+                body.close()  # its first page was read, to answer a failure with its status; no more is
             return [] if head else body
         start_response(_STATUS_LINES[status], list(headers) if status == 204 else [
             ("Content-Type", "application/json"), ("Content-Length", str(len(body))), *headers])
@@ -896,8 +894,14 @@ class WebhookSender:
     LEASE_SECONDS = TIMEOUT + 2  # an event taken by a sender killed mid-attempt is free again after this
 
     def __init__(self, urls, secret, store):
-        self.urls = list(urls)  # a 410 takes its URL out, here and in the SQL store that writes events
+        for url in urls:
+            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+                raise ValueError(f"each webhook URL (as in {WEBHOOK_URL_VARIABLE}) must be an http:// or https:// URL")
+        if not secret:
+            raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is set: "
+                             "receivers check every webhook's signature")
         self._key = webhook_secret_key(secret)
+        self.urls = list(urls)  # a 410 takes its URL out, here and in the SQL store that writes events
         if isinstance(store, SQLStore):
             self.outbox, self.notify, self._incoming = store, self._wake_up, None
             store.event_urls = self.urls
@@ -996,8 +1000,10 @@ class WebhookSender:
             self.outbox.run("done", seq)
             if self._failing.pop(url, None) is not None:  # through again: its other events follow at once
                 self.outbox.run("hurry", now, url, now)
-        elif status == 410:
-            self.urls.remove(url)
+        elif status == 410:  # a new list, not one changed under the requests that iterate it
+            self.urls = [other for other in self.urls if other != url]
+            if self._incoming is None:  # a SQL store, which writes the events itself
+                self.outbox.event_urls = self.urls
             self._failing.pop(url, None)
             self.outbox.run("forget", url)
             _log(f"the webhook receiver {_origin(url)} answered 410 Gone: it gets no more events")
