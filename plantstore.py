@@ -1094,6 +1094,7 @@ _ERRORS = {  # status: (description, the header that comes with it)
     503: ("The database is unavailable for a moment; try again after Retry-After seconds", "Retry-After"),
 }
 
+
 def _head(get):
     """HEAD, which every GET route has: GET's answers, headers and all, without their bodies (RFC 9110)."""
     return {**get, "description": "As GET, without the body"}
