@@ -93,6 +93,7 @@ JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
 PAGE_MAX = 1000  # plants in one page; a listing without `limit` streams pages of this size
+CHUNK = 1024  # plants in one chunk of the in-memory store
 
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
@@ -304,8 +305,6 @@ class PlantStore:
     which the collector stops tracking after it first meets it, so no collection walks the store.
     """
 
-    CHUNK = 1024
-
     def __init__(self):
         self._seq = {}  # id: seq, for the plants that exist
         self._open_names, self._open_tags = [], []  # the last chunk, still a list
@@ -323,25 +322,29 @@ class PlantStore:
             self._next = seq + 1
             self._open_names.append(name)
             self._open_tags.append(tag)
-            if len(self._open_names) == self.CHUNK:  # full: a tuple from now on, and a new open chunk
-                self._names[-1], self._tags[-1] = tuple(self._open_names), tuple(self._open_tags)
-                self._open_names, self._open_tags = [], []
-                self._names.append(self._open_names)
-                self._tags.append(self._open_tags)
+            if seq % CHUNK == CHUNK - 1:  # the open chunk is full
+                self._seal()
             return True
         finally:
             self._lock.release()
 
+    def _seal(self):
+        """Make the full open chunk a tuple, and open a new one."""
+        self._names[-1], self._tags[-1] = tuple(self._open_names), tuple(self._open_tags)
+        self._open_names, self._open_tags = [], []
+        self._names.append(self._open_names)
+        self._tags.append(self._open_tags)
+
     def page(self, after, limit):
         """Return up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
         with self._lock:
-            page, chunk_size = [], self.CHUNK
-            number, index = divmod(self._first if after is None else max(after + 1, self._first), chunk_size)
+            page = []
+            number, index = divmod(self._first if after is None else max(after + 1, self._first), CHUNK)
             while len(page) < limit and number < len(self._names):
                 names, tags = self._names[number], self._tags[number]
                 for index in range(index, 0 if names is None else len(names)):
                     if names[index] is not None:
-                        page.append((number * chunk_size + index, names[index], tags[index]))
+                        page.append((number * CHUNK + index, names[index], tags[index]))
                         if len(page) == limit:
                             break
                 number, index = number + 1, 0
@@ -357,20 +360,20 @@ class PlantStore:
             seq = self._seq.pop(plant_id, None)
             if seq is None:
                 return False
-            number, index = divmod(seq, self.CHUNK)
+            number, index = divmod(seq, CHUNK)
             if number == len(self._names) - 1:  # the open chunk, a list: changed in place
                 self._open_names[index] = self._open_tags[index] = None
             else:  # a full chunk, a tuple: made anew, or dropped when no plant is left in it
                 names, tags = list(self._names[number]), list(self._tags[number])
                 names[index] = tags[index] = None
-                empty = names.count(None) == self.CHUNK
+                empty = names.count(None) == CHUNK
                 self._names[number], self._tags[number] = (None, None) if empty else (tuple(names), tuple(tags))
             first = self._first
             while first < self._next:  # deleting the oldest leaves pages nothing to walk over
-                names = self._names[first // self.CHUNK]
-                if names is not None and names[first % self.CHUNK] is not None:
+                names = self._names[first // CHUNK]
+                if names is not None and names[first % CHUNK] is not None:
                     break
-                first = first + 1 if names is not None else (first // self.CHUNK + 1) * self.CHUNK
+                first = first + 1 if names is not None else (first // CHUNK + 1) * CHUNK
             self._first = first
             return True
 
