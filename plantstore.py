@@ -893,7 +893,7 @@ class WebhookSender:
     """
 
     SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)  # seconds before each retry
-    PROBE_SECONDS, TIMEOUT, PARALLEL, MAX_WAITING = 5, 15, 8, 10_000
+    PROBE_SECONDS, POLL_SECONDS, TIMEOUT, PARALLEL, MAX_WAITING = 5, 1, 15, 8, 10_000
     LEASE_SECONDS = TIMEOUT + 2  # an event taken by a sender killed mid-attempt is free again after this
 
     def __init__(self, urls, secret, store):
@@ -956,11 +956,11 @@ class WebhookSender:
                 for event in self.outbox.run("claim", now + self.LEASE_SECONDS, now, now, now, free) if free else ():
                     flying[self._pool.submit(self._post, *event[1:4])] = event, False
                 if flying:
-                    done, _ = concurrent.futures.wait(flying, 1, concurrent.futures.FIRST_COMPLETED)
+                    done, _ = concurrent.futures.wait(flying, self.POLL_SECONDS, concurrent.futures.FIRST_COMPLETED)
                     for future in done:
                         self._settle(*flying.pop(future), future.result())
-                else:
-                    self._wake.wait(1)
+                else:  # until a create here wakes it, or events of other workers may be due
+                    self._wake.wait(self.POLL_SECONDS)
                     self._wake.clear()
             except HTTPError:  # the database is away, and said so: try again in a moment
                 self._stop.wait(RETRY_AFTER)

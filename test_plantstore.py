@@ -1489,6 +1489,7 @@ def webhook_app(monkeypatch):
     """make_app with webhooks, on a schedule short enough for a test; its sender is always closed."""
     monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
     monkeypatch.setattr(plantstore.WebhookSender, "PROBE_SECONDS", 0.3)
+    monkeypatch.setattr(plantstore.WebhookSender, "POLL_SECONDS", 0.05)
     apps = []
 
     def build(store, *urls, secret=SECRET):
@@ -1542,7 +1543,9 @@ def test_a_slow_receiver_holds_up_no_create(store, webhook_app, receiver):
     assert len(hook.wait_for(10)) == 10
 
 
-def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_store, webhook_app, receiver):
+def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_store, webhook_app, receiver, monkeypatch):
+    # Retried once, then waiting on a long step: the probe must bring them as soon as the receiver is back.
+    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 60))
     hook = receiver()
     port, application = hook.server.server_address[1], webhook_app(any_store, hook.url)
     hook.stop()
