@@ -1286,13 +1286,11 @@ def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
 # ---- The command line ----
 
 ENVIRONMENT_HELP = f"""environment:
-  {TOKENS_VARIABLE}  accepted bearer tokens, comma-separated, {MIN_TOKEN_LENGTH} characters or more
-                     (unset: this run makes one up and prints it)
-  {DB_VARIABLE}      where plants are kept: an SQLite file's path, or a postgresql://user@host/db
-                     URL (pip install 'plantstore[postgres]'); unset: in this process's memory
-  {WEBHOOK_URL_VARIABLE}     where each new plant is POSTed: URLs, comma-separated (unset: nowhere)
+  {TOKENS_VARIABLE}          bearer tokens, comma-separated, {MIN_TOKEN_LENGTH}+ characters (unset: one is made up)
+  {DB_VARIABLE}              an SQLite file or a postgresql:// URL (unset: plants are kept in memory)
+  {WEBHOOK_URL_VARIABLE}     URLs, comma-separated, that each new plant is POSTed to (unset: none)
   {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them: whsec_ and base64
-  {CORS_VARIABLE}    origins whose browser pages may call it, exact, comma-separated
+  {CORS_VARIABLE}    exact origins, comma-separated, whose browser pages may call it
 
 more: README.md, or python -m pydoc plantstore"""
 
