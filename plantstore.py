@@ -906,15 +906,27 @@ class WebhookSender:
         self._key = webhook_secret_key(secret)
         self.urls = list(urls)  # a 410 takes its URL out, here and in the SQL store that writes events
         if isinstance(store, SQLStore):
-            self.outbox, self.notify, self._incoming = store, self._wake_up, None
+            self.outbox, self._incoming = store, None
             store.event_urls = self.urls
         else:
-            self.outbox, self.notify, self._incoming = _EventsInMemory(), self._put, collections.deque()
+            self.outbox, self._incoming = _EventsInMemory(), collections.deque()
         self._wake, self._stop, self._waiting, self._dropping = threading.Event(), threading.Event(), 0, False
-        self._failing = {}  # URL that gave no answer: when it was last tried
+        self._start()
+
+    def _start(self):
+        """Start the sending thread and its pool, in this process."""
+        self._pid, self._failing = os.getpid(), {}  # URL that gave no answer: when it was last tried
         self._pool = concurrent.futures.ThreadPoolExecutor(self.PARALLEL, thread_name_prefix="plantstore-webhook")
         self._thread = threading.Thread(target=self._loop, name="plantstore-webhooks", daemon=True)
         self._thread.start()
+
+    def notify(self, plant_id, name, tag):
+        """After a create: queue the in-memory store's event, or wake up for the one a SQL store wrote."""
+        if self._pid != os.getpid():  # forked after the start (gunicorn --preload): threads do not follow
+            self._start()
+        if self._incoming is not None:
+            self._put(plant_id, name, tag)
+        self._wake.set()
 
     def close(self):
         """Stop sending (what is in the outbox stays there) and wait for attempts under way."""
@@ -928,13 +940,9 @@ class WebhookSender:
         if self._waiting + len(self._incoming) < self.MAX_WAITING:
             self._dropping = False
             self._incoming.append(event_json(plant_id, name, tag))
-            self._wake.set()
         elif not self._dropping:
             self._dropping = True
             _log(f"{self.MAX_WAITING} webhook events are waiting: events of new plants are dropped until they drain")
-
-    def _wake_up(self, *plant):
-        self._wake.set()  # a SQL store wrote the event; other workers' events are found by polling
 
     def _loop(self):
         with contextlib.suppress(HTTPError):  # a new sender tries each waiting event once: receivers may be back

@@ -1339,9 +1339,9 @@ def test_sqlite_names_a_directory_it_cannot_write(tmp_path):
 
 # ---- Two gunicorn instances on one PostgreSQL ----
 
-def start_gunicorn(spawn, env, workers=1, threads=8):
+def start_gunicorn(spawn, env, workers=1, threads=8, *options):
     """Start gunicorn on a free loopback port; return (process, host, port, its stderr lines) once all workers boot."""
-    process = spawn([sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads),
+    process = spawn([sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads), *options,
                      "-b", "127.0.0.1:0", "plantstore:app"], env)
     err = Lines(process.stderr)
     host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
@@ -1600,6 +1600,17 @@ def test_the_document_has_the_samples_webhook(app):
     webhook = app.get("/openapi.json", status=200).json["webhooks"]["/plant/webhook"]["post"]
     assert webhook["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/NewPlant"}
     assert webhook["responses"]["200"]["description"].startswith("Return a 200 status")
+
+
+def test_webhooks_of_the_in_memory_store_are_sent_under_gunicorn_preload(spawn, receiver):
+    """--preload builds the app, and so starts the sender, in gunicorn's master: the worker starts its own."""
+    hook = receiver()
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_WEBHOOK_URL=hook.url,
+                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    _, host, port, _ = start_gunicorn(spawn, env, 1, 4, "--preload")
+    for plant_id in range(5):
+        assert post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"p{plant_id}"})[0] == 200
+    assert sorted(plant["id"] for plant in hook.wait_for(5)) == list(range(5))
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
