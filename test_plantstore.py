@@ -1395,16 +1395,16 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
     for thread in clients:
         thread.start()
     try:
-        time.sleep(1)
+        time.sleep(0.5)
         postgres.stop()
-        time.sleep(2)
+        time.sleep(1)
         postgres.start()
         for address in addresses:  # each instance serves again, with nothing restarted
             deadline = time.monotonic() + WAIT
             while exchange(*address, "GET", "/plants?limit=1")[0] != 200:
                 assert time.monotonic() < deadline, "an instance did not recover"
                 time.sleep(0.1)
-        time.sleep(0.5)
+        time.sleep(0.3)
     finally:
         stop.set()
         for thread in clients:
@@ -1551,7 +1551,7 @@ def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_stor
     hook.stop()
     for plant_id in range(10):
         post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
-    time.sleep(1)  # refused again and again meanwhile
+    time.sleep(0.5)  # refused, retried and refused again meanwhile
     back = receiver(port)
     assert sorted(plant["id"] for plant in back.wait_for(10)) == list(range(10))
 
@@ -1580,7 +1580,7 @@ def test_a_delivery_is_given_up_after_the_schedule(store, webhook_app, receiver,
     while "is given up after 4 attempts" not in capsys.readouterr().err:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    time.sleep(1)
+    time.sleep(0.5)  # and no attempt after that
     assert [status for _, _, status in hook.deliveries] == [500] * 4  # the first, then the schedule's three
 
 
