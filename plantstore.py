@@ -552,7 +552,7 @@ def stream_plants(page, after, plants):
 def _pages_from_list(store):
     """Pages of a store written to the first interface (add, list, delete): each one reads the whole list."""
     def page(after, limit):
-        start = after or 0  # the key is the position in the list
+        start = max(after or 0, 0)  # the key is the position in the list (any cursor may come: never below 0)
         return [(start + n, name, tag) for n, (name, tag) in enumerate(store.list(None)[start:start + limit], 1)]
     return page
 

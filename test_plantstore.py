@@ -1090,6 +1090,9 @@ def test_a_store_of_the_first_interface_still_pages(app):
     application = webtest.TestApp(make_app([TOKEN], store=store))
     assert follow_pages(application, "/plants?limit=10") == ([f"p{i}" for i in range(25)], 3)
     assert len(application.get("/plants", headers=AUTH, status=200).json) == 25
+    negative = plantstore.cursor(-1)  # a well-formed cursor no page made: before the oldest
+    assert application.get(f"/plants?limit=2&after={negative}", headers=AUTH, status=200).json == [
+        {"name": "p0"}, {"name": "p1"}]
 
 
 def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
