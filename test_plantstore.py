@@ -833,8 +833,12 @@ class Postgres:
         password_file.unlink()
         self.start()
         self.url = f"postgresql://plantstore:{self.password}@127.0.0.1:{self.port}/plantstore"
-        with psycopg.connect(self.url.rpartition("/")[0] + "/postgres", autocommit=True) as db:
-            db.execute("CREATE DATABASE plantstore")
+        try:
+            with psycopg.connect(self.url.rpartition("/")[0] + "/postgres", autocommit=True) as db:
+                db.execute("CREATE DATABASE plantstore")
+        except BaseException:  # started, but of no use: never leave it running
+            self.remove()
+            raise
 
     def _pg(self, program, *args):
         binary = shutil.which(program) or max(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
@@ -869,11 +873,14 @@ def free_port():
 @pytest.fixture(scope="session")
 def postgres():
     """Started once for the suite, always stopped; no skip: if it cannot start, the tests that need it fail."""
+    # A run stopped with SIGTERM (a timeout, say) still tears down, and so stops this server.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     server = Postgres()
     try:
         yield server
     finally:
         server.remove()
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture
