@@ -465,7 +465,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
         return 204, b"", ()
 
     def read_document(environ, _):  # the one handler anyone may call: tools read it before they have a token
-        mounted = json.encoder.encode_basestring_ascii(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
+        mounted = _quote(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
         return 200, document.replace(b'"SCRIPT_NAME"', mounted, 1), ()  # where the app is mounted, as `servers`
 
     routes = {"/plants": {"GET": list_plants, "POST": create_plant}, "/openapi.json": {"GET": read_document}}
@@ -897,8 +897,8 @@ class WebhookSender:
     LEASE_SECONDS = TIMEOUT + 2  # an event taken by a sender killed mid-attempt is free again after this
 
     def __init__(self, urls, secret, store):
-        for url in urls:
-            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        for parts in map(urlsplit, urls):
+            if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"each webhook URL (as in {WEBHOOK_URL_VARIABLE}) must be an http:// or https:// URL")
         if not secret:
             raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is set: "
