@@ -433,7 +433,7 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
                              "http://localhost:3000: no path, no trailing slash, no *")
     document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **OPENAPI}, indent=2).encode("ascii")
     webhook_urls = [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
-    sender = WebhookSender(webhook_urls, webhook_secret, store) if webhook_urls else None  # last: it starts a thread
+    sender = WebhookSender(webhook_urls, webhook_secret, store) if webhook_urls else None  # started by a request
     notify = sender and sender.notify  # after each create: a SQL store wrote the event, the memory one queues it
 
     # Each handler takes the environ and the {id} of the path (None on other routes), and returns
@@ -492,6 +492,8 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
     def application(environ, start_response):
         """Route, authenticate and run one request, and answer it: JSON (204: no body), never an exception."""
         headers, head = (), False
+        if sender:
+            sender.start_here()
         try:
             path, plant_id = environ.get("PATH_INFO", ""), None
             methods = routes.get(path)
@@ -911,19 +913,26 @@ class WebhookSender:
         else:
             self.outbox, self._incoming = _EventsInMemory(), collections.deque()
         self._wake, self._stop, self._waiting, self._dropping = threading.Event(), threading.Event(), 0, False
-        self._start()
+        self._pid, self._start_lock = None, threading.Lock()  # started by the first request served
+
+    def start_here(self):
+        """Start sending in this process unless it does already: called before each request, since
+        a server may fork after building the app (gunicorn --preload), and threads do not follow."""
+        if self._pid != os.getpid():
+            with self._start_lock:
+                if self._pid != os.getpid():
+                    self._start()
 
     def _start(self):
         """Start the sending thread and its pool, in this process."""
-        self._pid, self._failing = os.getpid(), {}  # URL that gave no answer: when it was last tried
+        self._failing = {}  # URL that gave no answer: when it was last tried
         self._pool = concurrent.futures.ThreadPoolExecutor(self.PARALLEL, thread_name_prefix="plantstore-webhook")
         self._thread = threading.Thread(target=self._loop, name="plantstore-webhooks", daemon=True)
         self._thread.start()
+        self._pid = os.getpid()
 
     def notify(self, plant_id, name, tag):
         """After a create: queue the in-memory store's event, or wake up for the one a SQL store wrote."""
-        if self._pid != os.getpid():  # forked after the start (gunicorn --preload): threads do not follow
-            self._start()
         if self._incoming is not None:
             self._put(plant_id, name, tag)
         self._wake.set()
@@ -932,8 +941,9 @@ class WebhookSender:
         """Stop sending (what is in the outbox stays there) and wait for attempts under way."""
         self._stop.set()
         self._wake.set()
-        self._thread.join()
-        self._pool.shutdown()
+        if self._pid == os.getpid():
+            self._thread.join()
+            self._pool.shutdown()
 
     def _put(self, plant_id, name, tag):
         """Queue the in-memory store's event; over MAX_WAITING, it is dropped, and that is said once."""
