@@ -245,7 +245,7 @@ def test_without_cors_origins_nothing_changes(app):
 @pytest.mark.parametrize("origin", ["*", "https://playground.example/", "https://playground.example/docs",
                                     "playground.example", "ftp://playground.example"])
 def test_make_app_refuses_an_origin_no_browser_sends(origin):
-    with pytest.raises(ValueError, match="must be exact"):
+    with pytest.raises(ValueError, match="must be one a browser sends"):
         make_app([TOKEN], cors_origins=[origin])
 
 def test_a_chunked_body_the_server_does_not_frame_is_411():
@@ -591,59 +591,6 @@ def test_field_errors_come_in_order_id_name_tag(app):
     assert_error(post(app, {"id": 1, "name": 1, "tag": 1}, 400), 400, "'name' must be a string")
 
 
-# ---- The fast path for the usual body agrees with the JSON decoder ----
-
-def full_reading(text):
-    """What the JSON decoder and the shape check make of text: (id, name, tag) or the 400 message."""
-    try:
-        return plantstore.parse_new_plant(plantstore.decode_json(text))
-    except plantstore.HTTPError as error:
-        return error.message
-
-
-def random_bodies(count, seed=2026):
-    """Bodies near the usual shape: odd whitespace, escapes, orders, numbers, and breakage."""
-    rng = random.Random(seed)
-    whitespace = ["", " ", "\t", "\n", "\r\n", "\x0b", "\x0c", "\u00a0", "\u2028"]
-    ids = ["0", "-0", "7", "-7", "01", "1.0", "1e3", "9223372036854775807", "9223372036854775808",
-           "-9223372036854775808", "-9223372036854775809", "99999999999999999999", "true", '"7"', "null"]
-    strings = ['""', '"Fern"', '"caf\u00e9"', '"\ud83c\udf3f"', '"a\\"b"', '"\\u0041"', '"tab\there"',
-               '"\x7f"', '"\x1f"', '"slash/\\/"', "5", "null", '"\ud800"']
-
-    def pick(odd, usual):
-        return rng.choice(odd) if rng.random() < 0.1 else usual
-
-    for _ in range(count):
-        gap = rng.choice(["", " "])  # after ':' and ',': compact, or as json.dumps() writes it
-        ws = lambda usual="": pick(whitespace, usual)  # noqa: E731
-        plant_id = lambda: pick(ids, str(rng.randint(-10**6, 10**6)))  # noqa: E731
-        string = lambda: pick(strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"')  # noqa: E731
-        fields = [f'"id"{ws()}:{ws(gap)}{plant_id()}', f'"name"{ws()}:{ws(gap)}{string()}']
-        if rng.random() < 0.6:
-            fields.append(f'"tag"{ws()}:{ws(gap)}{string()}')
-        if rng.random() < 0.2:
-            rng.shuffle(fields)
-        if rng.random() < 0.1:
-            fields.append(rng.choice(fields))  # a duplicate key
-        text = ws() + "{" + ws() + f"{ws()},{ws(gap)}".join(fields) + ws() + "}" + ws()
-        if rng.random() < 0.1:
-            text = text.replace(rng.choice(["{", "}", ",", ":", '"']), "", 1)
-        yield text
-
-
-def test_fast_path_reads_exactly_what_the_json_decoder_reads():
-    matched = 0
-    for text in random_bodies(5000):
-        usual = plantstore._USUAL_NEWPLANT.fullmatch(text)
-        try:
-            fast = plantstore.read_new_plant(text.encode("utf-8", "surrogatepass"))
-        except plantstore.HTTPError as error:
-            fast = error.message
-        assert fast == full_reading(text) or "UTF-8" in fast, text
-        matched += usual is not None
-    assert 500 < matched < 4500, matched  # both paths were exercised
-
-
 # ---- Check order: the first failing step answers ----
 
 @pytest.mark.parametrize("request_kwargs, status", [
@@ -720,7 +667,8 @@ def test_make_app_refuses_a_short_token_without_quoting_it():
 @pytest.mark.parametrize("missing", ["add", "delete", "list"])
 def test_make_app_names_the_method_a_store_lacks(missing):
     methods = {name: lambda *args: None for name in ("add", "delete", "list") if name != missing}
-    with pytest.raises(TypeError, match=f"the store has no {missing}\\(\\) method"):
+    lacking = "page" if missing == "list" else missing  # page(), or the first interface's list()
+    with pytest.raises(TypeError, match=f"the store has no {lacking}\\(\\) method"):
         make_app([TOKEN], store=type("Store", (), methods)())
 
 
@@ -1265,7 +1213,7 @@ def test_postgres_away_is_503_then_recovers_without_a_restart(postgres, pg_url, 
     assert app.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern"}, {"name": "Ivy"}]
     logged = capsys.readouterr().err
     assert "is unavailable" in logged and "reachable again" in logged
-    assert postgres.password not in logged and "plantstore:***@127.0.0.1" in logged
+    assert postgres.password not in logged and "postgresql://plantstore@127.0.0.1" in logged
 
 
 def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, pg_url):
@@ -1598,7 +1546,7 @@ def test_a_delivery_is_given_up_after_the_schedule(store, webhook_app, receiver,
     (["http://127.0.0.1:9/hook"], None, "PLANTSTORE_WEBHOOK_SECRET is required"),
     (["http://127.0.0.1:9/hook"], "whsec_c2hvcnQ=", "at least 24 random bytes"),
     (["http://127.0.0.1:9/hook"], "not-even-whsec-prefixed-secret-value", "must be whsec_"),
-    (["ftp://127.0.0.1/hook"], SECRET, "http:// or https:// URL"),
+    (["ftp://127.0.0.1/hook"], SECRET, "must be http:// or https://"),
 ], ids=["no-secret", "short-secret", "not-whsec", "not-http"])
 def test_make_app_refuses_bad_webhook_settings_without_quoting_the_secret(urls, secret, message):
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
