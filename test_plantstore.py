@@ -148,6 +148,73 @@ def test_lone_surrogate_in_name_is_stored_and_escaped(app, store):
     assert stored(store).get(10) == ("\ud800", "\udfff")
 
 
+# ---- The core alone: the file cut at its "Optional parts" banner is a whole service ----
+
+def test_the_core_cut_at_the_banner_serves_the_request_path_alone(tmp_path, capfd):
+    source = (HERE / "plantstore.py").read_text(encoding="utf-8")
+    cut = source.index("\n# ---- Optional parts")
+    (tmp_path / "core.py").write_text(source[:cut], encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("plantstore_core", tmp_path / "core.py")
+    core = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(core)
+    assert capfd.readouterr() == ("", "")  # importing it printed nothing
+    assert "make_app" not in vars(core) and "SQLStore" not in vars(core)
+    application = core.Application([TOKEN], max_body_bytes=64)
+    fern = json.dumps({"id": 1, "name": "Fern"}).encode()
+    assert call(application, body=fern) == (200, ANY_HEADERS, {"name": "Fern"})
+    assert call(application, body=fern)[::2] == (409, {"error": 409, "message": ANY_TEXT})
+    assert call(application, body=b"{")[0] == 400
+    status, headers, _ = call(application, body=fern, environ={"HTTP_AUTHORIZATION": None})
+    assert (status, headers["WWW-Authenticate"]) == (401, 'Bearer realm="plantstore"')
+    assert call(application, body=fern, environ={"CONTENT_TYPE": "text/plain"})[0] == 415
+    assert call(application, body=b"x" * 65)[0] == 413
+    call(application, body=json.dumps({"id": 2, "name": "Ivy", "tag": "t"}).encode())
+    assert call(application, method="GET")[2] == [{"name": "Fern"}, {"name": "Ivy", "tag": "t"}]
+    status, headers, page = call(application, method="GET", environ={"QUERY_STRING": "limit=1"})
+    assert page == [{"name": "Fern"}] and headers["Link"].startswith("</plants?limit=1&after=")
+    head = call(application, method="HEAD", environ={"QUERY_STRING": "limit=1"})
+    assert head == (200, headers, None)  # GET's headers, no body
+    assert call(application, method="OPTIONS")[:2] == (204, {"Allow": "GET, HEAD, OPTIONS, POST"})
+    assert call(application, method="PUT")[1]["Allow"] == "GET, HEAD, OPTIONS, POST"
+    assert call(application, method="DELETE", path="/plants/1")[0] == 204
+    assert call(application, method="DELETE", path="/plants/1")[0] == 404
+    assert call(application, method="GET", path="/health", environ={"HTTP_AUTHORIZATION": None}) \
+        == (200, ANY_HEADERS, {"status": "ok"})
+
+
+class _Anything:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __eq__(self, other):
+        return isinstance(other, self.kind)
+
+
+ANY_HEADERS, ANY_TEXT = _Anything(dict), _Anything(str)
+
+
+# ---- The health check, for load balancers ----
+
+def test_health_needs_no_token_and_says_ok(any_app):
+    response = any_app.get("/health", status=200)
+    assert response.json == {"status": "ok"} and response.content_type == "application/json"
+    assert any_app.head("/health", status=200).body == b""
+
+
+def test_health_is_503_with_retry_after_while_postgres_is_away(postgres, pg_url):
+    app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    app.get("/health", status=200)
+    postgres.stop()
+    try:
+        response = app.get("/health", status=503, expect_errors=True)
+    finally:
+        postgres.start()
+    assert_unavailable(response)
+    assert "127.0.0.1" not in response.text and postgres.password not in response.text
+    assert str(postgres.port) not in response.text
+    app.get("/health", status=200)
+
+
 # ---- Routes and methods come before authentication ----
 
 @pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1/x", "/plants//1", "/PLANTS", "/plants.json",
@@ -1197,6 +1264,28 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
 def assert_unavailable(response):
     assert_error(response, 503, "database")
     assert int(response.headers["Retry-After"]) > 0
+
+
+def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_retry_409(postgres, pg_url):
+    """The bound on a statement: the commit is cut at DB_WAIT_SECONDS, though PostgreSQL keeps it."""
+    app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    post(app, {"id": 1, "name": "Fern"}, 200)
+
+    def standby(name):
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            db.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            db.execute("SELECT pg_reload_conf()")
+    standby("nobody")  # every commit now waits for a standby that never comes
+    try:
+        started = time.monotonic()
+        response = post(app, {"id": 2, "name": "Ivy"}, 503)
+        waited = time.monotonic() - started
+    finally:
+        standby("")  # which also lets the held commit end
+    assert_unavailable(response)
+    assert waited < 2 * plantstore.DB_WAIT_SECONDS  # cut, not held for as long as the standby is away
+    post(app, {"id": 2, "name": "Ivy"}, 409)  # PostgreSQL committed it: the retry finds it
+    assert app.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern"}, {"name": "Ivy"}]
 
 
 def test_postgres_away_is_503_then_recovers_without_a_restart(postgres, pg_url, capsys):
