@@ -1705,8 +1705,10 @@ def test_openapi_document_is_served_without_a_token_and_is_valid(app):
     assert response.json == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
     openapi_spec_validator.validate(response.json)  # raises unless it is valid OpenAPI 3.1
     assert response.json["openapi"] == "3.1.0"
-    assert response.json["info"] == {"title": "Plant Store", "version": "1.0.0",
-                                     "license": {"name": "MIT", "identifier": "MIT"}}
+    info = response.json["info"]
+    assert {key: info[key] for key in ("title", "version", "license")} == {"title": "Plant Store",
+        "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}}
+    assert info["description"].strip()
     assert response.json["security"] == [{"bearerAuth": []}]
     assert response.json["components"]["securitySchemes"] == {"bearerAuth": {"type": "http", "scheme": "bearer"}}
 
@@ -1747,6 +1749,11 @@ STATUS_CASES_OF_GET = [
     (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
     (("GET", "/plants"), dict(method="GET", path="/plants", store="away"), 503, "Retry-After"),
     (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
+    (("GET", "/health"), dict(method="GET", path="/health", environ={"HTTP_AUTHORIZATION": ""}),
+     200, None),
+    (("GET", "/health"), dict(method="GET", path="/health", store="broken"), 500, None),
+    (("GET", "/health"), dict(method="GET", path="/health", store="away",
+                              environ={"HTTP_AUTHORIZATION": ""}), 503, "Retry-After"),
 ]
 STATUS_CASES = [
     (("POST", "/plants"), dict(body=PLANT), 200, None),
@@ -1768,17 +1775,11 @@ STATUS_CASES = [
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="away"), 503, "Retry-After"),
     (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}), 411,
      None),
-    *[(("HEAD", path), dict(arguments, method="HEAD"), status, header)
-      for (method, path), arguments, status, header in STATUS_CASES_OF_GET],
-    *[(("OPTIONS", path), dict(method="OPTIONS", path=path.replace("{id}", "1"), environ={"HTTP_AUTHORIZATION": ""}),
-       204, "Allow") for path in ("/plants", "/plants/{id}", "/openapi.json")],
-    (("OPTIONS", "/plants/{id}"), dict(method="OPTIONS", path="/plants/x", environ={"HTTP_AUTHORIZATION": ""}), 400, None),
 ]
 
 
-@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES,
-                         ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES])
-def test_every_status_an_operation_sends_is_in_the_document(operation, arguments, status, header, tmp_path):
+def call_case(arguments, tmp_path):
+    """call() with one case's arguments, and its store made as the case says."""
     arguments = dict(arguments)
     given = arguments.pop("store", None)
     store = BrokenStore() if given == "broken" else PlantStore()
@@ -1788,7 +1789,13 @@ def test_every_status_an_operation_sends_is_in_the_document(operation, arguments
     if given == "taken":
         store.add(1, "Taken", None)
     arguments["environ"] = {**arguments.get("environ", {}), "wsgi.errors": io.StringIO()}
-    got, headers, _ = call(make_app([TOKEN], store=store), **arguments)
+    return call(make_app([TOKEN], store=store), **arguments)
+
+
+@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES,
+                         ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES])
+def test_every_status_an_operation_sends_is_in_the_document(operation, arguments, status, header, tmp_path):
+    got, headers, _ = call_case(arguments, tmp_path)
     assert got == status
     answer = documented(*operation, status)
     assert answer is not None, f"{operation} sends {status}, which the document does not list for it"
@@ -1805,8 +1812,61 @@ def test_the_document_lists_no_status_an_operation_never_sends():
             assert {int(status) for status in operation["responses"]} == sent, (method, path)
 
 
-def test_405_is_documented_with_its_allow_header():
-    assert "Allow" in plantstore.OPENAPI["components"]["responses"]["Error405"]["headers"]
+# HEAD and OPTIONS are answered on every route, and are no operations of the document: a client
+# has nothing to call there (docs/http.md describes them). The tests below hold the document to
+# that, tie it to the routes the app serves, and keep what its HEAD and OPTIONS used to cover.
+
+def operations(document):
+    """Each (METHOD, path, operation) of a document's paths and webhooks."""
+    return [(method.upper(), path, operation)
+            for items in (document["paths"], document["webhooks"]) for path, item in items.items()
+            for method, operation in item.items() if method != "parameters"]  # the path's own
+
+
+def test_every_operation_has_a_stable_operation_id_a_summary_and_a_tag(app):
+    document = app.get("/openapi.json", status=200).json
+    tags = {tag["name"] for tag in document["tags"]}
+    for method, path, operation in operations(document):
+        assert method not in ("HEAD", "OPTIONS"), f"{method} {path} is no operation"
+        assert re.fullmatch(r"[a-z]+(?:[A-Z][a-z]*)*", operation["operationId"]), (method, path)
+        assert operation["summary"].strip() and "\n" not in operation["summary"], (method, path)
+        assert operation["tags"] and set(operation["tags"]) <= tags, (method, path)
+    ids = [operation["operationId"] for _, _, operation in operations(document)]
+    assert len(ids) == len(set(ids))
+    # Generated clients name their functions after these: renaming one breaks every client's code.
+    assert {(method, path): op["operationId"] for method, path, op in operations(document)} == {
+        ("GET", "/plants"): "listPlants", ("POST", "/plants"): "addPlant",
+        ("DELETE", "/plants/{id}"): "deletePlant", ("GET", "/openapi.json"): "getOpenApiDocument",
+        ("GET", "/health"): "checkHealth", ("POST", "/plant/webhook"): "newPlant"}
+
+
+def test_the_routes_served_and_the_document_agree(app, store):
+    """Read from the app, not a list: its 404 names the routes, OPTIONS and 405 the methods."""
+    document = app.get("/openapi.json", status=200).json
+    named = app.get("/no/such/route", headers=AUTH, status=404, expect_errors=True).json["message"]
+    assert set(re.findall(r"/[^\s,]*", named)) == set(document["paths"]), named
+    store.add(1, "Fern", None)
+    for path in document["paths"]:
+        url = path.replace("{id}", "1")
+        allow = app.options(url, status=204).headers["Allow"].split(", ")
+        listed = {method for method, at, _ in operations(document) if at == path}
+        assert set(allow) - {"HEAD", "OPTIONS"} == listed, path
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"):
+            response = app.request(url, method=method, headers=AUTH, expect_errors=True)
+            assert (response.status_int == 405) == (method not in allow), (method, url)
+
+
+@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES_OF_GET,
+                         ids=[f"HEAD {op[1]} {code}" for op, _, code, _ in STATUS_CASES_OF_GET])
+def test_head_sends_every_status_get_does_with_its_header_and_no_body(operation, arguments, status,
+                                                                       header, tmp_path):
+    got, headers, body = call_case(dict(arguments, method="HEAD"), tmp_path)
+    assert got == status and body is None
+    assert header is None or header in headers
+
+
+def test_options_on_a_path_that_is_no_plants_is_400_without_a_token(app):
+    assert_error(app.options("/plants/x", status=400, expect_errors=True), 400, "'id'")
 
 
 SCHEMA = schemathesis.openapi.from_wsgi("/openapi.json", make_app([TOKEN]))
