@@ -33,8 +33,7 @@ up to ``limit`` ``(key, name, tag)`` of the plants created after the one whose
 key is ``after`` (None: from the oldest), the key an int64 that grows with
 creation order; ``delete(plant_id) -> bool`` removes the plant and returns False
 when there was none. A store whose database is away raises
-``HTTPError(503, ...)``; one with a ``ping()`` method is asked by the health
-check. ``make_app`` also takes a store of the first interface, with
+``HTTPError(503, ...)``. ``make_app`` also takes a store of the first interface, with
 ``list(limit)`` instead of ``page``.
 
 The one thing people get wrong: the default ``PlantStore`` lives in the memory
@@ -463,8 +462,8 @@ class Application:
         return 204, b"", []
 
     def check_health(self, environ, _):
-        """200 while the store answers; its 503 when it does not. It names no database."""
-        getattr(self.store, "ping", lambda: None)()
+        """200 while the store answers a cheap question; its 503 when not. It names no database."""
+        self.store.page(None, 1)
         return 200, b'{"status": "ok"}', []
 
 
@@ -561,10 +560,6 @@ class SQLStore:
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
         return bool(self.run(self.DELETE, id=plant_id))
-
-    def ping(self):
-        """Raise the 503 unless the database answers (the health check)."""
-        self.run("SELECT 1")
 
     def run(self, sql, **parameters):
         """Run one statement and return its rows; a write unless it is a SELECT."""
@@ -1171,112 +1166,120 @@ def _json_content(schema):
     return {JSON_TYPE: {"schema": schema}}
 
 
-def _responses(success, *errors):
-    """One operation's answers: its success, then its errors, each one of the component responses below."""
-    return {**success, **{str(status): {"$ref": f"#/components/responses/Error{status}"} for status in errors}}
+def _operation(operation_id, tag, summary, description, success, *errors, **more):
+    """One operation: the name clients give it, its tag and line, its answers, errors last.
+
+    HEAD and OPTIONS are no operations here, though every route answers them: a client has
+    nothing to call there, and docs/http.md describes them.
+    """
+    refs = {str(status): {"$ref": f"#/components/responses/Error{status}"} for status in errors}
+    return {"operationId": operation_id, "tags": [tag], "summary": summary,
+            "description": description, **more, "responses": {**success, **refs}}
 
 
 _PLANT = {"$ref": "#/components/schemas/Plant"}
+_NEW_PLANT = _json_content({"$ref": "#/components/schemas/NewPlant"})
 
-
-_ERRORS = {  # status: (description, the header that comes with it)
-    400: ("The request is not valid; the message names the field and the rule", None),
-    401: ("The bearer token is missing or not accepted", "WWW-Authenticate"),
-    404: ("No plant has this id", None),
-    405: ("The path does not have this method", "Allow"),
-    408: ("The request body did not arrive in time", None),
-    409: ("A plant with this id already exists; it is left unchanged", None),
-    411: ("A chunked body that this server cannot read: send a Content-Length", None),
-    413: ("The request body is larger than the limit", None),
-    415: ("The body is not application/json", "Accept"),
-    500: ("The server failed", None),
-    503: ("The database is unavailable for a moment; try again after Retry-After seconds", "Retry-After"),
+_ERRORS = {
+    400: "The request is not valid; the message names the field and the rule",
+    401: "The bearer token is missing or not accepted",
+    404: "No plant has this id",
+    408: "The request body did not arrive in time",
+    409: "A plant with this id already exists; it is left unchanged",
+    411: "A chunked body that this server cannot read: send a Content-Length",
+    413: "The request body is larger than the limit",
+    415: "The body is not application/json",
+    500: "The server failed",
+    503: "The database is unavailable for a moment; try again after Retry-After seconds",
 }
-
-
-def _head(get):
-    """HEAD, which every GET route has: GET's answers, headers and all, without their bodies (RFC 9110)."""
-    return {**get, "description": "As GET, without the body"}
-
-
-_OPTIONS = {"description": "The methods this path has; to a listed origin's CORS preflight, what CORS asks. "
-                           "No token is needed", "security": [], "responses": {"204": {
-                "description": "The methods, in Allow", "headers": {"Allow": {"schema": {"type": "string"}}}}}}
-_OPTIONS_OF_A_PLANT = {**_OPTIONS, "responses": {**_OPTIONS["responses"], **_responses({}, 400)}}  # 400: not an id
-
-_LIST_PLANTS = {
-    "description": "Lists plants, oldest first: without `limit`, every plant (streamed, with no "
-                   "Content-Length); with it, one page, and a `Link` to the next when more follow",
-    "parameters": [
-        {"name": "limit", "in": "query", "description": f"How many plants at most (a page holds "
-         f"{PAGE_MAX} at most)", "schema": {"type": "integer", "format": "int32", "minimum": 0}},
-        {"name": "after", "in": "query", "description": "Where a page starts: the cursor of a next "
-         "link, opaque to clients", "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{11}$"}}],
-    "responses": _responses({"200": {
-        "description": "The plants, oldest first",
-        "headers": {"Link": {"description": 'The next page, as <...>; rel="next" (RFC 8288), when '
-                                            "more plants may follow", "schema": {"type": "string"}}},
-        "content": _json_content({"type": "array", "items": _PLANT})}}, 400, 401, 500, 503),
-}
-_READ_DOCUMENT = {
-    "description": "This document: the one request that needs no token", "security": [],
-    "responses": {"200": {"description": "The OpenAPI document", "content": _json_content({"type": "object"})}},
-}
+_ERROR_HEADERS = {401: "WWW-Authenticate", 415: "Accept", 503: "Retry-After"}  # sent with those
 
 OPENAPI = {
     "openapi": "3.1.0",
-    "info": {"title": "Plant Store", "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}},
+    "info": {"title": "Plant Store", "version": "1.0.0",
+             "license": {"name": "MIT", "identifier": "MIT"},
+             "description": "A store of plants: add, list and delete them, with a bearer token. "
+                            "New plants can also be sent to a webhook."},
+    "tags": [{"name": "plants", "description": "The plants in the store"},
+             {"name": "service", "description": "About the service itself; no token needed"}],
     "security": [{"bearerAuth": []}],
     "paths": {
         "/plants": {
-            "get": _LIST_PLANTS,
-            "head": _head(_LIST_PLANTS),
-            "post": {
-                "description": "Creates a new plant in the store",
-                "requestBody": {"description": "Plant to add to the store", "required": True,
-                                "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
-                "responses": _responses({"200": {"description": "plant response", "content": _json_content(_PLANT)}},
-                                        400, 401, 408, 409, 411, 413, 415, 500, 503),
-            },
-            "options": _OPTIONS,
+            "get": _operation(
+                "listPlants", "plants", "List plants, oldest first",
+                "Without `limit`, every plant (streamed, with no Content-Length); with it, one "
+                "page, and a `Link` to the next when more follow",
+                {"200": {"description": "The plants, oldest first", "content": _json_content(
+                    {"type": "array", "items": _PLANT}), "headers": {"Link": {
+                        "description": 'The next page, as <...>; rel="next" (RFC 8288), when more '
+                                       "plants may follow", "schema": {"type": "string"}}}}},
+                400, 401, 500, 503,
+                parameters=[
+                    {"name": "limit", "in": "query",
+                     "description": f"How many plants at most (a page holds {PAGE_MAX} at most)",
+                     "schema": {"type": "integer", "format": "int32", "minimum": 0}},
+                    {"name": "after", "in": "query",
+                     "description": "Where a page starts: the cursor of a next link, "
+                                    "opaque to clients",
+                     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{11}$"}}]),
+            "post": _operation(
+                "addPlant", "plants", "Add a plant", "Creates a new plant in the store",
+                {"200": {"description": "plant response", "content": _json_content(_PLANT)}},
+                400, 401, 408, 409, 411, 413, 415, 500, 503,
+                requestBody={"description": "Plant to add to the store", "required": True,
+                             "content": _NEW_PLANT}),
         },
         "/plants/{id}": {
-            "parameters": [{"name": "id", "in": "path", "required": True, "description": "The plant's id",
+            "parameters": [{"name": "id", "in": "path", "required": True,
+                            "description": "The plant's id",
                             "schema": {"type": "integer", "format": "int64"}}],
-            "delete": {
-                "description": "Deletes a plant; its id can be used again",
-                "responses": _responses({"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500, 503),
-            },
-            "options": _OPTIONS_OF_A_PLANT,
+            "delete": _operation(
+                "deletePlant", "plants", "Delete a plant", "Its id can be used again",
+                {"204": {"description": "The plant is deleted"}}, 400, 401, 404, 500, 503),
         },
-        "/openapi.json": {"get": _READ_DOCUMENT, "head": _head(_READ_DOCUMENT), "options": _OPTIONS},
+        "/openapi.json": {"get": _operation(
+            "getOpenApiDocument", "service", "Read this document",
+            "The one request that needs no token",
+            {"200": {"description": "The OpenAPI document",
+                     "content": _json_content({"type": "object"})}},
+            security=[])},
+        "/health": {"get": _operation(
+            "checkHealth", "service", "Check that the service can reach its store",
+            "For load balancers and orchestrators; no token needed",
+            {"200": {"description": "The store answers", "content": _json_content({
+                "type": "object", "required": ["status"],
+                "properties": {"status": {"const": "ok"}}})}},
+            500, 503, security=[])},
     },
-    "webhooks": {"/plant/webhook": {"post": {  # the full sample's, sent when PLANTSTORE_WEBHOOK_URL is set
-        "description": "Information about a new plant added to the store, signed as Standard Webhooks says: "
-                       "webhook-signature is v1, and the base64 HMAC-SHA256 of webhook-id.webhook-timestamp.body",
-        "security": [],
-        "parameters": [{"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
-                       for name in ("webhook-id", "webhook-timestamp", "webhook-signature")],
-        "requestBody": {"description": "Information about a new plant in the system",
-                        "content": _json_content({"$ref": "#/components/schemas/NewPlant"})},
-        "responses": {"200": {"description": "Return a 200 status to indicate that the data was received successfully"}},
-    }}},
+    "webhooks": {"/plant/webhook": {"post": _operation(  # the sample's, when a webhook URL is set
+        "newPlant", "plants", "A new plant, sent to each webhook URL",
+        "Information about a new plant added to the store, signed as Standard Webhooks says: "
+        "webhook-signature is v1, and the base64 HMAC-SHA256 of webhook-id.webhook-timestamp.body",
+        {"200": {"description":
+                 "Return a 200 status to indicate that the data was received successfully"}},
+        security=[],
+        parameters=[{"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
+                    for name in ("webhook-id", "webhook-timestamp", "webhook-signature")],
+        requestBody={"description": "Information about a new plant in the system",
+                     "content": _NEW_PLANT})}},
     "components": {
         "schemas": {  # the specification's own, unchanged
             "Plant": {"type": "object", "required": ["name"], "properties": {
                 "name": {"description": "The name of the plant", "type": "string"},
                 "tag": {"description": "Tag to specify the type", "type": "string"}}},
-            "NewPlant": {"allOf": [_PLANT, {
-                "type": "object", "required": ["id"], "properties": {"id": {
-                    "description": "Identification number of the plant", "type": "integer", "format": "int64"}}}]},
+            "NewPlant": {"allOf": [_PLANT, {"type": "object", "required": ["id"], "properties": {
+                "id": {"description": "Identification number of the plant", "type": "integer",
+                       "format": "int64"}}}]},
             "Error": {"type": "object", "required": ["error", "message"], "properties": {
                 "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}},
         },
-        "responses": {  # Error405 is what any path answers to a method it does not list
-            f"Error{status}": {"description": text,
-                               "content": _json_content({"$ref": "#/components/schemas/Error"}),
-                               **({"headers": {header: {"schema": {"type": "string"}}}} if header else {})}
-            for status, (text, header) in _ERRORS.items()
+        "responses": {
+            f"Error{status}": {
+                "description": text,
+                "content": _json_content({"$ref": "#/components/schemas/Error"}),
+                **({"headers": {_ERROR_HEADERS[status]: {"schema": {"type": "string"}}}}
+                   if status in _ERROR_HEADERS else {})}
+            for status, text in _ERRORS.items()
         },
         "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
     },
@@ -1362,7 +1365,8 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def finish(self, seconds):
         """Stop accepting, and wait up to `seconds` for the requests in flight to be answered."""
-        self.server_close()
+        self.server_close()  # closed before it is said, so that no connection comes after
+        _log("stopping: answering the requests under way, accepting no new ones")
         with self.idle:
             self.idle.wait_for(lambda: not self.in_flight, timeout=seconds)
 
@@ -1552,7 +1556,6 @@ def main(argv=None):
         try:
             server.serve_forever()
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
-            _log("stopping: answering the requests under way, accepting no new ones")
             server.finish(server.client_timeout)
     return 0
 

@@ -1275,7 +1275,21 @@ def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_r
         with psycopg.connect(pg_url, autocommit=True) as db:
             db.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
             db.execute("SELECT pg_reload_conf()")
-    standby("nobody")  # every commit now waits for a standby that never comes
+
+    def commit_of_its_own():
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            db.execute("CREATE TEMPORARY TABLE probe (x int)")
+
+    standby("nobody")  # every commit now waits for a standby that never comes, once reloaded
+    deadline, probe = time.monotonic() + WAIT, None
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+        while not db.execute(waiting).fetchone()[0]:  # until a commit is seen to wait
+            assert time.monotonic() < deadline, "synchronous_standby_names never took effect"
+            if probe is None or not probe.is_alive():
+                probe = threading.Thread(target=commit_of_its_own, daemon=True)
+                probe.start()
+            time.sleep(0.05)
     try:
         started = time.monotonic()
         response = post(app, {"id": 2, "name": "Ivy"}, 503)
