@@ -757,13 +757,14 @@ class PostgresStore(SQLStore):
               " PRIMARY KEY, url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
               " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
               " lease DOUBLE PRECISION NOT NULL DEFAULT 0)")
-    schema = ("BEGIN",
-              # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone
-              # races in PostgreSQL, so they make the tables one at a time, under a lock.
-              "SELECT pg_advisory_xact_lock(7274)",
-              "CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
-              " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA)",
-              EVENTS, "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
+    # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races in
+    # PostgreSQL, so they make the tables one at a time, under a lock. It also asks for CREATE
+    # on the schema even when the table exists: a role given the tables must not try to make them.
+    schema = ("BEGIN", "SELECT pg_advisory_xact_lock(7274)",
+              "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
+              " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
+              " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
+              f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at); END IF; END $$",
               "COMMIT")
     # libpq's settings unless the URL gives its own: a host that goes silent fails in seconds.
     BOUNDS = {"connect_timeout": CONNECT_SECONDS, "keepalives": 1, "keepalives_idle": 2,
@@ -779,9 +780,11 @@ class PostgresStore(SQLStore):
         try:
             with contextlib.suppress(*self.unavailable):  # a database away at start: waited for
                 self.open_at_start()
-        except psycopg.errors.InsufficientPrivilege:
-            raise ValueError(f"{DB_VARIABLE}: the role cannot create plantstore's tables in "
-                             f"{shown}: grant it CREATE on schema public") from None
+        except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
+            raise ValueError(f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
+                             "role needs CREATE on the schema to make plantstore's tables or, "
+                             "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
+                             "them") from None
 
     def connect(self):
         db = self._psycopg.connect(**{**self.BOUNDS, **self.parameters}, autocommit=True)
@@ -840,7 +843,8 @@ def postgres_settings(conninfo):
         raise ValueError(f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
                          "one for every host or one for all")
     ports = ports * len(hosts) if len(ports) == 1 else ports
-    where = ",".join(host + (port and f":{port}") for host, port in zip(hosts, ports))
+    where = ",".join((f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
+                     for host, port in zip(hosts, ports))
     user = parameters.get("user", "") and f"{parameters['user']}@"
     return parameters, f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}"
 
@@ -996,11 +1000,14 @@ class WebhookSender:
         """Move the in-memory store's new events into its outbox, and count what waits there."""
         if not self._store:
             with self._lock:
-                incoming, self._incoming, self._incoming_bytes = self._incoming, [], 0
+                incoming = list(self._incoming)
             for body in incoming:
                 self._write(self.outbox, body)
             waiting = self.outbox(self.WAITING)
-            self._waiting = sum(row[1] for row in waiting), sum(row[2] for row in waiting)
+            with self._lock:  # counted in the outbox, and no longer as incoming, at one time
+                del self._incoming[:len(incoming)]
+                self._incoming_bytes -= sum(map(len, incoming))
+                self._waiting = sum(row[1] for row in waiting), sum(row[2] for row in waiting)
 
     def _claim(self, flying):
         """Hand each URL's due events to the pool, up to PER_URL in flight for each."""
@@ -1454,12 +1461,15 @@ def tokens_from_environ(environ=os.environ):
 
 
 def options_from_environ(environ=os.environ):
-    """make_app's other settings: the store, the webhook's URLs and secret, the CORS origins."""
+    """make_app's other settings, each checked before the store is opened: none leaves a file."""
     def listed(name):
         return [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
-    return {"store": store_from_environ(environ), "webhook_urls": listed(WEBHOOK_URL_VARIABLE),
-            "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE),
-            "cors_origins": listed(CORS_VARIABLE)}
+    urls = [check_webhook_url(url) for url in listed(WEBHOOK_URL_VARIABLE)]
+    if urls:
+        webhook_secret_key(environ.get(WEBHOOK_SECRET_VARIABLE))
+    return {"webhook_urls": urls, "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE),
+            "cors_origins": [browser_origin(origin) for origin in listed(CORS_VARIABLE)],
+            "store": store_from_environ(environ)}
 
 
 def store_from_environ(environ=os.environ):
@@ -1469,8 +1479,8 @@ def store_from_environ(environ=os.environ):
     scheme = scheme and scheme[1].lower()
     if scheme in ("postgresql", "postgres") or re.match(r"\w+\s*=", value):  # host=... dbname=...
         return PostgresStore(value)
-    if scheme == "sqlite" and value[7:10] == "///":  # SQLAlchemy's: sqlite:///relative/path
-        value = value[10:]
+    if scheme == "sqlite" and value[7:10] == "///" and re.fullmatch(r"[^:?][^?]*", value[10:]):
+        value = value[10:]  # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
     elif scheme or value.startswith(":"):  # mysql://, file:..., :memory:; not served
         raise ValueError(f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory")
     return SQLiteStore(value) if value else None
@@ -1482,13 +1492,13 @@ DB_FORMS = ("a postgresql:// URL, a libpq string (host=... dbname=...), "
 
 def unknown_settings(environ=os.environ):
     """A warning for each PLANTSTORE_* variable that plantstore does not read; never its value."""
-    known = {TOKENS_VARIABLE, DB_VARIABLE, WEBHOOK_URL_VARIABLE, WEBHOOK_SECRET_VARIABLE,
-             CORS_VARIABLE}
+    known = {name[11:]: name for name in (TOKENS_VARIABLE, DB_VARIABLE, WEBHOOK_URL_VARIABLE,
+                                          WEBHOOK_SECRET_VARIABLE, CORS_VARIABLE)}  # DB, TOKENS...
     return [f"{name} is not a plantstore setting, so it is ignored"
-            + "".join(f"; did you mean {close}?" for close in difflib.get_close_matches(
-                name.upper(), known, 1, 0.7))
+            + "".join(f"; did you mean {known[close]}?" for close in difflib.get_close_matches(
+                name[11:].upper(), known, 1, 0.4))  # DATABASE: DB
             for name in sorted(environ) if name.upper().startswith("PLANTSTORE_")
-            and name not in known]
+            and name not in known.values()]
 
 
 def app_from_environ(environ=os.environ, tokens=None):

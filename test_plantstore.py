@@ -16,6 +16,7 @@ import queue
 import random
 import re
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -37,6 +38,7 @@ import pytest
 import schemathesis
 import standardwebhooks
 import webtest
+from psycopg import sql
 
 import plantstore
 from plantstore import (INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, PostgresStore, SQLiteStore, make_app,
@@ -1398,6 +1400,22 @@ def test_sqlite_names_a_directory_it_cannot_write(tmp_path):
         make_read_only(folder, False)
 
 
+def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconnect(spawn, postgres, pg_url):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    process, host, port, err = start_gunicorn(spawn, env, 2, 4)
+
+    def sixty_four_gets():
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            return list(pool.map(lambda _: exchange(host, port, "GET", "/plants?limit=1")[0], range(64)))
+    assert sixty_four_gets() == [200] * 64  # every thread of both workers has its connection now
+    postgres.stop()
+    postgres.start()  # pg_ctl -w: the database answers again
+    assert sixty_four_gets() == [200] * 64
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(WAIT)
+    assert "unavailable" not in err.rest()  # no request failed, so no outage was seen
+
+
 # ---- Two gunicorn instances on one PostgreSQL ----
 
 def start_gunicorn(spawn, env, workers=1, threads=8, *options):
@@ -1615,6 +1633,102 @@ def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_stor
     time.sleep(0.5)  # refused, retried and refused again meanwhile
     back = receiver(port)
     assert sorted(plant["id"] for plant in back.wait_for(10)) == list(range(10))
+
+
+class TricklingReceiver:
+    """A receiver that sends its status line, then one byte at a time, never ending its headers."""
+
+    def __init__(self, every):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/plant/webhook"
+        self.every, self.attempts, self.stopped = every, [], threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.listener.accept()
+                threading.Thread(target=self._trickle, args=(connection,), daemon=True).start()
+
+    def _trickle(self, connection):
+        attempt = [time.monotonic(), None]  # opened, and closed by the sender
+        self.attempts.append(attempt)
+        with connection:
+            connection.recv(65536)
+            with contextlib.suppress(OSError):
+                connection.sendall(b"HTTP/1.1 200 OK\r\n")
+                while not self.stopped.wait(self.every):
+                    connection.sendall(b"X")  # a header that never ends
+                    if select.select([connection], [], [], 0)[0] and not connection.recv(65536):
+                        break  # the sender hung up
+        attempt[1] = time.monotonic()
+
+    def stop(self):
+        self.stopped.set()
+        self.listener.close()
+
+
+def test_a_trickling_webhook_receiver_holds_up_no_other_and_each_attempt_ends_at_its_deadline(
+        store, webhook_app, receiver, monkeypatch):
+    monkeypatch.setattr(plantstore.WebhookSender, "TIMEOUT", 1.5)
+    slow, healthy = TricklingReceiver(every=0.3), receiver()
+    try:
+        application = webhook_app(store, slow.url, healthy.url)
+        for plant_id in range(12):
+            post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+        assert sorted(plant["id"] for plant in healthy.wait_for(12)) == list(range(12))
+        deadline = time.monotonic() + WAIT
+        while not slow.attempts or any(closed is None for _, closed in slow.attempts):
+            assert time.monotonic() < deadline, "an attempt to the trickling receiver stayed open"
+            time.sleep(0.1)
+        assert all(closed - opened < 1.5 + 1 for opened, closed in slow.attempts)  # TIMEOUT, and a poll
+    finally:
+        slow.stop()
+
+
+def test_webhook_events_of_a_url_no_longer_configured_are_dropped_after_a_restart(
+        tmp_path, webhook_app, receiver, capsys):
+    removed, kept = receiver(), receiver()
+    ports = [r.server.server_address[1] for r in (removed, kept)]
+    removed.stop()
+    kept.stop()
+    path = tmp_path / "plants.sqlite3"
+    before = webhook_app(SQLiteStore(path), removed.url, kept.url)
+    for plant_id in range(3):
+        post(before, {"id": plant_id, "name": f"p{plant_id}"}, 200)  # both receivers are down
+    before.app.webhook_sender.close()
+    removed, kept = receiver(ports[0]), receiver(ports[1])
+    after = webhook_app(SQLiteStore(path), kept.url)  # the restart, with one URL taken out
+    after.get("/health", status=200)  # the first request starts the sender
+    assert sorted(plant["id"] for plant in kept.wait_for(3)) == [0, 1, 2]
+    time.sleep(0.5)
+    assert removed.deliveries == []
+    logged = capsys.readouterr().err
+    assert logged.count("3 waiting webhook events are dropped") == 1 and "/plant/webhook" not in logged
+
+
+def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(store, webhook_app, receiver, monkeypatch,
+                                                               capsys):
+    monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING_BYTES", 2**20)
+    hook = receiver()
+    port = hook.server.server_address[1]
+    hook.stop()
+    application = webhook_app(store, hook.url)
+    name = "x" * 60_000
+    for plant_id in range(40):  # 2.4 MB of events, while the receiver is down
+        post(application, {"id": plant_id, "name": name}, 200)
+        application.delete(f"/plants/{plant_id}", headers=AUTH, status=204)
+        time.sleep(0.01)
+    logged = capsys.readouterr().err
+    assert logged.count("webhook events are dropped") == 1
+    back = receiver(port)
+    back.wait_for(1)
+    count = 0
+    while count != len(back.delivered()):  # until a second passes with no more
+        count = len(back.delivered())
+        time.sleep(1)
+    delivered = sorted(plant["id"] for plant in back.delivered())
+    assert 10 <= len(delivered) <= 17 and delivered == list(range(len(delivered)))  # the first MB
 
 
 def test_a_410_ends_deliveries_to_that_url_only(store, webhook_app, receiver, capsys):
@@ -2055,6 +2169,18 @@ def test_the_embedded_server_sends_no_body_on_head(served):
         assert head.split()[1] in (b"200", b"401", b"404") and body == b""
 
 
+def test_head_on_the_embedded_server_has_the_headers_get_has_and_no_content_length_0(served, store):
+    store.add(1, "Fern", None)
+    server = served()
+    answers = [exchange_raw(server, f"{method} /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                    f"{TOKEN}\r\n\r\n".encode()) for method in ("GET", "HEAD")]
+    (get_head, _, get_body), (head_head, _, head_body) = (a.partition(b"\r\n\r\n") for a in answers)
+    assert json.loads(get_body) == [{"name": "Fern"}] and head_body == b""
+    headers = [{line.split(b":")[0].lower() for line in h.split(b"\r\n")[1:]} - {b"date"}
+               for h in (get_head, head_head)]
+    assert headers[0] == headers[1] and b"content-length" not in headers[1]  # GET streams: no length
+
+
 def test_the_embedded_server_takes_an_absolute_form_target(served, store):
     body = b'{"id": 1, "name": "Fern"}'
     answer = exchange_raw(served(), b"POST http://plants.example:8000/plants HTTP/1.1\r\nHost: plants.example\r\n"
@@ -2318,6 +2444,312 @@ def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, mess
 def test_unknown_module_attributes_still_raise_attribute_error():
     with pytest.raises(AttributeError):
         plantstore.no_such_thing
+
+
+# ---- Settings that mean what they say, and secrets that never show ----
+
+PASSWORD = "s3cr3t-pw"
+
+# The password in the issue's six spellings; the last one cannot be read, the others are served.
+SECRET_SPELLINGS = {
+    "user-info": "postgresql://plant:s3cr3t-pw@db.example:5432/plants",
+    "query": "postgresql://plant@db.example:5432/plants?password=s3cr3t-pw",
+    "sslpassword": "postgresql://plant@db.example:5432/plants?sslpassword=s3cr3t-pw",
+    "keyword-value": "host=db.example port=5432 user=plant password=s3cr3t-pw dbname=plants",
+    "percent-encoded": "postgresql://plant:%73%33cr3t-pw@db.example:5432/plants",
+    "malformed": "postgresql://plant:s3cr3t-pw%zz@db.example:5432/plants",
+}
+
+
+def assert_secret_kept(text):
+    assert "s3cr3t" not in text and "%73%33cr3t" not in text
+
+
+@pytest.mark.parametrize("value", SECRET_SPELLINGS.values(), ids=SECRET_SPELLINGS)
+def test_settings_a_database_password_is_never_shown_however_it_is_spelt(value):
+    try:
+        parameters, shown = plantstore.postgres_settings(value)
+    except ValueError as refusal:
+        shown = str(refusal)
+        assert shown.startswith("PLANTSTORE_DB ") and "%-escape" in shown
+    else:
+        assert shown == "PostgreSQL postgresql://plant@db.example:5432/plants"
+        assert PASSWORD in (parameters.get("password"), parameters.get("sslpassword"))  # meant
+    assert_secret_kept(shown)
+    assert "\n" not in shown
+
+
+POSTGRES_FORMS = [  # PLANTSTORE_DB, some of libpq's parameters, shown
+    ("POSTGRESQL://plant:s3cr3t-pw@Db.Example/plants", {"host": "Db.Example"},
+     "postgresql://plant@Db.Example/plants"),
+    ("postgres://plant@db.example/plants", {"user": "plant"},
+     "postgresql://plant@db.example/plants"),
+    ("host = db.example  dbname = plants", {"host": "db.example"},
+     "postgresql://db.example/plants"),
+    ("postgresql://plant@h1:5432,h2:5433/plants", {"port": "5432,5433"},
+     "postgresql://plant@h1:5432,h2:5433/plants"),
+    ("host=h1,h2 port=5433 dbname=plants", {"host": "h1,h2"},
+     "postgresql://h1:5433,h2:5433/plants"),
+    ("postgresql://plant@[::1]:5432/plants", {"host": "::1"},
+     "postgresql://plant@[::1]:5432/plants"),
+    ("postgresql:///plants?host=/run/postgresql", {"host": "/run/postgresql"},
+     "postgresql://%2Frun%2Fpostgresql/plants"),
+]
+
+
+@pytest.mark.parametrize("value, parameters, shown", POSTGRES_FORMS,
+                         ids=[row[0] for row in POSTGRES_FORMS])
+def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(value, parameters, shown):
+    read, said = plantstore.postgres_settings(value)
+    assert parameters.items() <= read.items()
+    assert said == f"PostgreSQL {shown}"  # a URL libpq reads back: brackets, %2F for a socket
+
+
+@pytest.mark.parametrize("value, path", [
+    ("plants.db", "plants.db"), ("sqlite:///plants.db", "plants.db"),
+    ("SQLITE:///plants.db", "plants.db"), ("sqlite:///sub/plants.db", "sub/plants.db")])
+def test_settings_an_sqlite_file_is_served_where_it_says(value, path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    store = plantstore.store_from_environ({"PLANTSTORE_DB": value})
+    assert isinstance(store, plantstore.SQLiteStore)
+    assert store.shown == f"SQLite file {tmp_path / path}"
+    assert (tmp_path / path).stat().st_mode & 0o777 == 0o600
+
+
+REFUSED = [  # PLANTSTORE_DB, words of the one line
+    ("mysql://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
+    ("postgresql+psycopg://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
+    ("http://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
+    ("postgresql://plant:s3cr3t-pw%zz@db.example/plants", "%-escape"),
+    ("postgresql://plant:s3cr3t-pw@db.example/plants?bogus=1", "an option libpq does not know"),
+    ("host=db.example bogus=1 password=s3cr3t-pw", "an option libpq does not know"),
+    ("host=db.example password", "a word without =value"),
+    ("postgresql://plant:s3cr3t-pw@db.example:notaport/plants", "a number from 1 to 65535"),
+    ("postgresql://plant:s3cr3t-pw@db.example:99999/plants", "a number from 1 to 65535"),
+    ("postgresql://plant:s3cr3t-pw@db.example:0/plants", "a number from 1 to 65535"),
+    ("host=db.example port=s3cr3t-pw", "a number from 1 to 65535"),
+    ("postgresql://plant:s3cr3t-pw/plants", "a number from 1 to 65535"),  # the host forgotten
+    ("host=h1,h2,h3 port=5432,5433", "one for every host or one for all"),
+    ("file:plants.db?mode=rwc", "unset it to keep the plants in memory"),
+    ("FILE:plants.db", "unset it to keep the plants in memory"),
+    (":memory:", "unset it to keep the plants in memory"),
+    ("sqlite://", "unset it to keep the plants in memory"),
+    ("sqlite:///:memory:", "unset it to keep the plants in memory"),
+    ("sqlite:///", "unset it to keep the plants in memory"),
+    ("sqlite:///plants.db?mode=ro", "PLANTSTORE_DB"),
+]
+
+
+@pytest.mark.parametrize("value, words", REFUSED, ids=[row[0] for row in REFUSED])
+def test_settings_a_database_that_cannot_be_served_is_refused_in_one_line(value, words, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as refusal:
+        plantstore.store_from_environ({"PLANTSTORE_DB": value})
+    line = str(refusal.value)
+    assert line.startswith("PLANTSTORE_DB") and words in line and "\n" not in line
+    assert "plant:" not in line  # no user-info either
+    assert_secret_kept(line)
+    assert refusal.value.__cause__ is None  # nothing chained: libpq's message quotes the value
+    assert refusal.value.__context__ is None or refusal.value.__suppress_context__
+    assert list(tmp_path.iterdir()) == []  # no file named after the setting
+
+
+WEBHOOKS_REFUSED = [  # user-info, a bad port, a bad host, another scheme, a space
+    "https://plant:s3cr3t-pw@example.org/hook", "https://@example.org/hook?k=s3cr3t-pw",
+    "https://example.org:abc/hook?key=s3cr3t-pw", "https://example.org:99999/hook?key=s3cr3t-pw",
+    "https://example.org:0/hook?key=s3cr3t-pw", "https://[::1/hook?key=s3cr3t-pw",
+    "https://exa mple.org/hook?key=s3cr3t-pw", "https:///hook?key=s3cr3t-pw",
+    "ftp://example.org/hook?key=s3cr3t-pw", "example.org/hook?key=s3cr3t-pw",
+    "https://example.org/hook?key=s3cr3t pw"]
+
+
+@pytest.mark.parametrize("url", WEBHOOKS_REFUSED)
+def test_settings_a_webhook_url_never_delivered_is_refused_without_its_secret(url):
+    with pytest.raises(ValueError) as refusal:
+        plantstore.check_webhook_url(url)
+    line = str(refusal.value)
+    assert "PLANTSTORE_WEBHOOK_URL" in line and "\n" not in line
+    assert "example.org" not in line and "s3cr3t" not in line
+
+
+@pytest.mark.parametrize("url", ["https://example.org/hook?key=s3cr3t-pw",
+                                 "http://127.0.0.1:8080/h", "http://[::1]:9000/h",
+                                 "HTTPS://Example.org/Hook"])
+def test_settings_a_webhook_url_that_can_be_delivered_is_kept_as_written(url):
+    assert plantstore.check_webhook_url(url) == url
+
+
+ORIGINS = [  # as written, as a browser sends it
+    ("https://Example.ORG", "https://example.org"),
+    ("HTTPS://EXAMPLE.ORG:443", "https://example.org"),
+    ("http://localhost:80", "http://localhost"),
+    ("http://localhost:443", "http://localhost:443"),
+    ("https://example.org:80", "https://example.org:80"),
+    ("http://localhost:3000", "http://localhost:3000"),
+    ("http://[::1]:3000", "http://[::1]:3000"),
+]
+
+
+@pytest.mark.parametrize("written, sent", ORIGINS, ids=[row[0] for row in ORIGINS])
+def test_settings_a_cors_origin_is_compared_as_a_browser_sends_it(written, sent):
+    application = plantstore.make_app([TOKEN], cors_origins=["https://a.example", written])
+    app = webtest.TestApp(application)
+    answer = app.get("/plants", headers={"Authorization": f"Bearer {TOKEN}", "Origin": sent},
+                     status=200)
+    assert answer.headers["Access-Control-Allow-Origin"] == sent
+
+
+@pytest.mark.parametrize("origin", [
+    "https://example.org:99999", "https://example.org:0", "https://example.org:abc",
+    "https://example.org/", "https://example.org/app", "https://example.org?", "*", "null",
+    "example.org", "ftp://example.org", "https://bücher.example", "https://user:pw@example.org",
+    "http://[::1", "https://exa mple.org"])
+def test_settings_a_cors_origin_no_browser_sends_is_refused(origin):
+    with pytest.raises(ValueError, match=r"^each origin in PLANTSTORE_CORS_ORIGINS must be one a "
+                                         r"browser sends"):
+        plantstore.make_app([TOKEN], cors_origins=["https://a.example", origin])
+
+
+UNKNOWN = [  # variable, the close name suggested (None: none)
+    ("PLANTSTORE_DATABASE", "PLANTSTORE_DB"),
+    ("PLANTSTORE_TOKEN", "PLANTSTORE_TOKENS"),
+    ("PLANTSTORE_WEBHOOK_URLS", "PLANTSTORE_WEBHOOK_URL"),
+    ("PLANTSTORE_CORS_ORIGIN", "PLANTSTORE_CORS_ORIGINS"),
+    ("plantstore_db", "PLANTSTORE_DB"),
+    ("PLANTSTORE_FOO", None),
+    ("PLANTSTORE_LOG_LEVEL", None),
+]
+
+
+@pytest.mark.parametrize("name, close", UNKNOWN, ids=[row[0] for row in UNKNOWN])
+def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name, close):
+    environ = {name: "s3cr3t-pw", "PLANTSTORE_DB": "", "HOME": "/root", "PLANTSTORE_TOKENS": TOKEN}
+    [warning] = plantstore.unknown_settings(environ)
+    assert warning.startswith(f"{name} is not a plantstore setting, so it is ignored")
+    assert warning.endswith(f"; did you mean {close}?" if close else "ignored")
+    assert_secret_kept(warning)
+
+
+# ---- python plantstore.py, as a new user runs it ----
+
+def run_plantstore(tmp_path, **settings):
+    """Start python plantstore.py in tmp_path; return its exit code (None: it serves) and lines."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
+    process = subprocess.Popen([sys.executable, HERE / "plantstore.py", "--port", "0"],
+                               cwd=tmp_path,
+                               env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_TOKENS": TOKEN,
+                                    **settings},
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        lines, err = [], Lines(process.stderr)
+        while not lines or "listening on" not in lines[-1]:
+            line = err.queue.get(timeout=WAIT)
+            if line is None:
+                return process.wait(WAIT), lines
+            lines.append(line)
+        return None, lines
+    finally:
+        process.kill()
+        process.wait(WAIT)  # the reading thread then meets the end of the stream
+
+
+MORE_REFUSED = {"mysql": "mysql://plant:s3cr3t-pw@h/plants",
+                "notaport": "POSTGRESQL://plant:s3cr3t-pw@127.0.0.1:notaport/plants",
+                "option": "postgresql://plant:s3cr3t-pw@h/plants?bogus=1",
+                "sqlite-memory": "sqlite:///:memory:", "file": "file:plants.db?mode=rwc"}
+
+
+@pytest.mark.parametrize("value", [*SECRET_SPELLINGS.values(), *MORE_REFUSED.values()],
+                         ids=[*SECRET_SPELLINGS, *MORE_REFUSED])
+def test_settings_python_plantstore_py_never_shows_the_password(tmp_path, value):
+    if "db.example" in value:  # served: no DNS look-up of db.example, a refused loopback port
+        value = value.replace("db.example", "127.0.0.1").replace("5432", "1")
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=value)
+    said = "".join(lines)
+    assert_secret_kept(said)
+    assert "Traceback" not in said
+    assert [path.name for path in tmp_path.iterdir()] == []  # no file named after the setting
+    if code is not None:
+        assert code == 2 and len(lines) <= 2 and "PLANTSTORE_DB" in said
+    else:
+        assert "plants in PostgreSQL postgresql://plant@127.0.0.1:1/plants" in said
+
+
+def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_variable(tmp_path):
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB="sqlite:///plants.db",
+                                 PLANTSTORE_DATABASE="s3cr3t-pw")
+    said = "".join(lines)
+    assert code is None and "PLANTSTORE_DATABASE" in said
+    assert f"plants in SQLite file {tmp_path}/plants.db" in said
+    assert_secret_kept(said)
+    assert (tmp_path / "plants.db").stat().st_mode & 0o777 == 0o600
+
+
+# ---- A real PostgreSQL 15: a role that may not create tables in schema public ----
+
+@pytest.fixture
+def limited_role(postgres):
+    """A fresh database of the suite's superuser, and a role that may log in, nothing more."""
+    name, password = f"settings_{secrets.token_hex(4)}", secrets.token_urlsafe(12)
+    base = postgres.url.rpartition("/")[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
+        db.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        db.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name),
+                                                                      sql.Literal(password)))
+    host_port = base.rpartition("@")[2]
+    try:
+        yield {"owner": f"{base}/{name}", "role": name, "password": password,
+               "url": f"postgresql://{name}:{password}@{host_port}/{name}"}
+    finally:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
+            db.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def grant_the_tables(limited_role):
+    with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+        db.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO {}")
+                   .format(sql.Identifier(limited_role["role"])))
+
+
+def test_settings_a_role_without_create_on_public_is_refused_in_one_line(limited_role, tmp_path):
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=limited_role["url"])
+    said = "".join(lines)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in said
+    assert said.startswith("plantstore: PLANTSTORE_DB") and "CREATE" in said
+    assert limited_role["password"] not in said
+
+
+def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(limited_role):
+    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables, grants nothing
+    with pytest.raises(ValueError) as refusal:
+        plantstore.PostgresStore(limited_role["url"])
+    assert "SELECT, INSERT, UPDATE and DELETE" in str(refusal.value)
+    assert limited_role["password"] not in str(refusal.value)
+
+
+def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(limited_role):
+    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
+    grant_the_tables(limited_role)
+    store = plantstore.PostgresStore(limited_role["url"])
+    assert store.add(7, "Fern", None) is True and store.add(7, "Fern", None) is False
+    assert [(name, tag) for _, name, tag in store.page(None, 10)] == [("Fern", None)]
+    assert store.delete(7) is True
+
+
+def test_settings_a_libpq_string_reaches_the_database_the_url_does(limited_role, postgres):
+    plantstore.PostgresStore(limited_role["owner"])
+    grant_the_tables(limited_role)
+    role, password = limited_role["role"], limited_role["password"]
+    keywords = (f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
+                f"dbname={role}")
+    assert plantstore.PostgresStore(keywords).add(1, "Fern", "indoor") is True
+    upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
+    plants = plantstore.PostgresStore(upper).page(None, 10)
+    assert [(name, tag) for _, name, tag in plants] == [("Fern", "indoor")]
 
 
 # ---- gunicorn, the production server (a test dependency too) ----
