@@ -370,13 +370,11 @@ class Application:
         self.tokens = list(tokens)
         if not self.tokens:
             raise ValueError("tokens must not be empty: plantstore never runs without authentication")
-        for token in self.tokens:
-            if not (isinstance(token, str) and token.isascii() and token.isprintable()
-                    and token and " " not in token):
-                raise ValueError("each token must be printable ASCII without spaces")
-            if len(token) < MIN_TOKEN_LENGTH:
-                raise ValueError(f"each token must be at least {MIN_TOKEN_LENGTH} characters, "
-                                 f"or it can be guessed; make one with {MAKE_A_TOKEN}")
+        if not all(isinstance(token, str) and token.isascii() and token.isprintable()
+                   and " " not in token and len(token) >= MIN_TOKEN_LENGTH for token in self.tokens):
+            raise ValueError(f"each token must be at least {MIN_TOKEN_LENGTH} characters of "
+                             "printable ASCII without spaces, or it can be guessed or mangled; "
+                             f"make one with {MAKE_A_TOKEN}")
         if type(max_body_bytes) is not int or max_body_bytes < 0:
             raise ValueError("max_body_bytes must be a non-negative integer")
         self.store = PlantStore() if store is None else store
@@ -662,7 +660,8 @@ class SQLiteStore(SQLStore):
               " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BLOB NOT NULL,"
               " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
               " lease REAL NOT NULL DEFAULT 0)")
-    schema = ("CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    schema = ("PRAGMA journal_mode=WAL",  # readers and a writer at once; kept in the file
+              "CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
               " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
               EVENTS, "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)")
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
@@ -680,27 +679,16 @@ class SQLiteStore(SQLStore):
         self._write_lock = _WriteQueue(self.path + "-writers")
         try:  # made for its owner alone (and so are -wal and -shm, which take its mode)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-            self.open_at_start()
+            with self._write_lock:  # workers that start together make it one at a time
+                self.open_at_start()
         except (sqlite3.Error, OSError) as error:
             raise ValueError(f"{self.path} cannot be opened as a plantstore database: "
                              f"{self.describe(error)}") from None
 
     def connect(self):
         """A connection to the file, which must exist: a deleted one is not made anew."""
-        uri = f"file:{quote(self.path)}?mode=rw"
-        db = sqlite3.connect(uri, uri=True, timeout=DB_WAIT_SECONDS, isolation_level=None)
-        deadline = time.monotonic() + 60
-        while True:  # WAL: readers and a writer at once
-            try:
-                db.execute("PRAGMA journal_mode=WAL")
-                break
-            except sqlite3.OperationalError as error:
-                # Turning a new file to WAL does not wait out the busy timeout: while another
-                # worker that boots at the same moment does it, this one is told SQLITE_BUSY.
-                if error.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
-                    db.close()
-                    raise
-                time.sleep(0.01)
+        db = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=DB_WAIT_SECONDS,
+                             isolation_level=None)  # autocommit, but for BEGIN ... COMMIT
         db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
         self._local.file = self._identity()
         return db
@@ -909,39 +897,46 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None  # None: the outbox in memory
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
-        self._incoming, self._incoming_bytes, self._waiting = [], 0, (0, 0)  # the in-memory outbox
-        self._lock, self._pid, self._dropping = threading.Lock(), None, False
+        self._lock, self._pid, self._waiting, self._dropping = threading.Lock(), None, (0, 0), False
 
     def start_here(self):
         """Start sending in this process unless it does already: a server may fork after building
-        the app (gunicorn --preload), and threads do not follow a fork."""
+        the app (gunicorn --preload), and neither threads nor a database follow a fork."""
         if self._pid != os.getpid():
             with self._lock:
                 if self._pid != os.getpid():
-                    self._incoming, self._incoming_bytes, self._failing, self._attempts = [], 0, {}, {}
-                    self._wake, self._stop = threading.Event(), threading.Event()
-                    self._pool = concurrent.futures.ThreadPoolExecutor(
-                        self.PER_URL * len(self.urls), thread_name_prefix="plantstore-webhook")
-                    self._thread = threading.Thread(target=self._loop, name="plantstore-webhooks",
-                                                    daemon=True)
-                    self._thread.start()
+                    self._start()
                     self._pid = os.getpid()
 
+    def _start(self):
+        self.outbox = self._store and self._store.run
+        if not self._store:  # an SQLite database in memory, for the sender and notify(), in turn
+            memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            memory.execute(SQLiteStore.EVENTS)
+            self.outbox = lambda sql, **parameters: self._in_turn(memory, sql, parameters)
+        self._failing, self._attempts = {}, {}  # URL: when last tried; connection: its deadline
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.PER_URL * len(self.urls))
+        self._thread = threading.Thread(target=self._loop, name="plantstore-webhooks", daemon=True)
+        self._thread.start()
+
+    def _in_turn(self, memory, sql, parameters):
+        with self._lock:
+            return memory.execute(sql, parameters).fetchall()
+
     def notify(self, plant_id, name, tag):
-        """After a create: queue the in-memory store's event, or wake up for the one SQL wrote."""
+        """After a create: write the in-memory store's event, or wake up for the one SQL wrote."""
         if not self._store:
             body = event_json(plant_id, name, tag)
-            with self._lock:
-                count, size = self._waiting
-                count, size = count + len(self._incoming), size + self._incoming_bytes + len(body)
-                if count < self.MAX_WAITING and size <= self.MAX_WAITING_BYTES:
-                    self._incoming.append(body)
-                    self._incoming_bytes += len(body)
-                    self._dropping = False
-                elif not self._dropping:
-                    self._dropping = True
-                    _log(f"webhook events are dropped: {count} events of {size // 2**20} MB "
-                         "wait in memory already, until they drain")
+            count, size = self._waiting
+            if count < self.MAX_WAITING and size + len(body) <= self.MAX_WAITING_BYTES:
+                self._write(self.outbox, body)
+                self._waiting = count + len(self.urls), size + len(body) * len(self.urls)
+                self._dropping = False
+            elif not self._dropping:
+                self._dropping = True
+                _log(f"webhook events are dropped: {count} events of {size // 2**20} MB "
+                     "wait in memory already, until they drain")
         self._wake.set()
 
     def close(self):
@@ -957,17 +952,10 @@ class WebhookSender:
             run(self.EVENT, url=url, webhook_id=f"msg_{secrets.token_urlsafe(18)}", body=body)
 
     def _loop(self):
-        if self._store:
-            self.outbox = self._store.run
-        else:
-            memory = sqlite3.connect(":memory:", isolation_level=None)  # this thread's alone
-            memory.execute(SQLiteStore.EVENTS)
-            self.outbox = lambda sql, **parameters: memory.execute(sql, parameters).fetchall()
         flying, opened = {}, False  # future: (event, whether it is a probe)
         while not self._stop.is_set():
             try:
                 opened = opened or self._open()
-                self._take_incoming()
                 self._claim(flying)
                 self._cut_late_attempts()
                 if flying:
@@ -978,6 +966,9 @@ class WebhookSender:
                 else:  # until a create wakes it, or events of other workers may be due
                     self._wake.wait(self.POLL_SECONDS)
                     self._wake.clear()
+                if not self._store:  # what waits, counted again: notify() counts up only
+                    waiting = self.outbox(self.WAITING)
+                    self._waiting = sum(row[1] for row in waiting), sum(row[2] for row in waiting)
             except HTTPError:  # the database is away, and said so: try again in a moment
                 self._stop.wait(RETRY_AFTER)
             except Exception:
@@ -995,19 +986,6 @@ class WebhookSender:
             else:
                 self.outbox(self.HURRY, now=time.time(), url=url)
         return True
-
-    def _take_incoming(self):
-        """Move the in-memory store's new events into its outbox, and count what waits there."""
-        if not self._store:
-            with self._lock:
-                incoming = list(self._incoming)
-            for body in incoming:
-                self._write(self.outbox, body)
-            waiting = self.outbox(self.WAITING)
-            with self._lock:  # counted in the outbox, and no longer as incoming, at one time
-                del self._incoming[:len(incoming)]
-                self._incoming_bytes -= sum(map(len, incoming))
-                self._waiting = sum(row[1] for row in waiting), sum(row[2] for row in waiting)
 
     def _claim(self, flying):
         """Hand each URL's due events to the pool, up to PER_URL in flight for each."""
@@ -1056,15 +1034,14 @@ class WebhookSender:
     def _settle(self, event, probe, status):
         seq, url, webhook_id, _, attempts = event
         now = time.time()
-        if url not in self.urls or status is not None and 200 <= status < 300:
-            self.outbox(self.DONE, seq=seq)  # delivered, or its receiver answered 410 meanwhile
-            if url in self.urls and self._failing.pop(url, None) is not None:
-                self.outbox(self.HURRY, now=now, url=url)  # through again: the others follow
-        elif status == 410:  # a new list, not one changed under the requests that iterate it
+        if status == 410 and url in self.urls:  # a new list: requests iterate the old one
             self.urls = [other for other in self.urls if other != url]
-            self._failing.pop(url, None)
             self.outbox(self.FORGET, url=url)
             _log(f"the webhook receiver {_origin(url)} answered 410 Gone: it gets no more events")
+        elif url not in self.urls or status and 200 <= status < 300:  # or its URL went meanwhile
+            self.outbox(self.DONE, seq=seq)
+            if self._failing.pop(url, None) is not None:  # through again: the others follow now
+                self.outbox(self.HURRY, now=now, url=url)
         elif probe:  # a probe that failed leaves its event's schedule as it was
             self.outbox(self.RELEASE, seq=seq)
         else:
