@@ -1018,13 +1018,14 @@ class WebhookSender:
         parts = urlsplit(url)
         kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         connection = kind(parts.hostname, parts.port, timeout=self.TIMEOUT)
-        self._attempts[connection] = time.monotonic() + self.TIMEOUT
+        self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
             connection.request("POST", (parts.path or "/") + (parts.query and f"?{parts.query}"),
                                body, {"Content-Type": JSON_TYPE, "webhook-id": webhook_id,
                                       "webhook-timestamp": timestamp,
                                       "webhook-signature": f"v1,{signature.decode()}"})
-            return connection.getresponse().status  # no redirect is followed: 3xx is no delivery
+            status = connection.getresponse().status  # no redirect is followed: 3xx is no delivery
+            return status if time.monotonic() < deadline else None  # cut: its headers never ended
         except (OSError, http.client.HTTPException):
             return None
         finally:
