@@ -89,7 +89,7 @@ def unavailable(what):
 # ---- Reading a request, in the order the checks run ----
 
 def check_bearer(environ, tokens):
-    """Raise 401 unless Authorization is "Bearer <token>" (the scheme in any case), a known token."""
+    """Raise 401 unless Authorization is "Bearer <token>" (any case of Bearer), a known token."""
     scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     token = token.strip()
     if not token or scheme.lower() != "bearer":
@@ -280,7 +280,7 @@ class PlantStore:
             return True
 
     def page(self, after, limit):
-        """Return up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
         with self._lock:
             page = []
             start = self._first if after is None else max(after + 1, self._first)
@@ -297,7 +297,8 @@ class PlantStore:
 
     def list(self, limit=None):
         """Up to `limit` (None: all) (name, tag) pairs, oldest first: the first store interface."""
-        return [(name, tag) for _, name, tag in self.page(None, INT64_MAX if limit is None else limit)]
+        plants = self.page(None, INT64_MAX if limit is None else limit)
+        return [(name, tag) for _, name, tag in plants]
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -369,9 +370,9 @@ class Application:
             raise TypeError("tokens must be a list of strings, not one string")
         self.tokens = list(tokens)
         if not self.tokens:
-            raise ValueError("tokens must not be empty: plantstore never runs without authentication")
-        if not all(isinstance(token, str) and token.isascii() and token.isprintable()
-                   and " " not in token and len(token) >= MIN_TOKEN_LENGTH for token in self.tokens):
+            raise ValueError("tokens must not be empty: plantstore never runs without them")
+        if not all(isinstance(token, str) and token.isascii() and token.isprintable() and " "
+                   not in token and len(token) >= MIN_TOKEN_LENGTH for token in self.tokens):
             raise ValueError(f"each token must be at least {MIN_TOKEN_LENGTH} characters of "
                              "printable ASCII without spaces, or it can be guessed or mangled; "
                              f"make one with {MAKE_A_TOKEN}")
@@ -393,7 +394,8 @@ class Application:
         try:
             status, body, headers = self.respond(environ)
         except HTTPError as error:
-            status, body, headers = error.status, error_json(error.status, error.message), error.headers
+            status, headers = error.status, error.headers
+            body = error_json(status, error.message)
         except Exception:
             traceback.print_exc(file=environ["wsgi.errors"])
             status, body, headers = 500, error_json(500, "internal server error"), []
@@ -421,7 +423,8 @@ class Application:
         method = environ["REQUEST_METHOD"]
         handler = methods.get("GET" if method == "HEAD" else method)
         if handler is None:
-            allow = ", ".join(sorted({*methods, *(["HEAD"] if "GET" in methods else []), "OPTIONS"}))
+            allowed = {*methods, "OPTIONS", *(["HEAD"] if "GET" in methods else [])}
+            allow = ", ".join(sorted(allowed))
             if method != "OPTIONS":
                 raise HTTPError(405, f"method not allowed here; allowed: {allow}",
                                 headers=[("Allow", allow)])
@@ -452,7 +455,8 @@ class Application:
             if plants:  # a page of none would link to itself
                 link = f"{quote(environ.get('SCRIPT_NAME', ''))}/plants?limit={limit}"
                 headers = [("Link", f'<{link}&after={cursor(plants[-1][0])}>; rel="next"')]
-        return 200, b"[" + b", ".join([plant_json(name, tag) for _, name, tag in plants]) + b"]", headers
+        body = b", ".join([plant_json(name, tag) for _, name, tag in plants])
+        return 200, b"[" + body + b"]", headers
 
     def delete_plant(self, environ, plant_id):
         if not self.store.delete(url_integer(plant_id, "id")):
@@ -489,7 +493,8 @@ from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"  # the settings' names
-WEBHOOK_URL_VARIABLE, WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_URL", "PLANTSTORE_WEBHOOK_SECRET"
+WEBHOOK_URL_VARIABLE = "PLANTSTORE_WEBHOOK_URL"
+WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_SECRET"
 CORS_VARIABLE = "PLANTSTORE_CORS_ORIGINS"
 DB_WAIT_SECONDS = 5  # the longest a request waits on its database; past it, a 503
 CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_SECONDS
@@ -553,7 +558,8 @@ class SQLStore:
 
     def list(self, limit=None):
         """Up to `limit` (None: all) (name, tag) pairs, oldest first: the first store interface."""
-        return [(name, tag) for _, name, tag in self.page(0, INT64_MAX if limit is None else limit)]
+        plants = self.page(0, INT64_MAX if limit is None else limit)
+        return [(name, tag) for _, name, tag in plants]
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -565,7 +571,7 @@ class SQLStore:
 
     def session(self, work, *, write=False, transaction=False):
         """Return work(run) on this thread's connection, in one transaction if asked, where
-        run(sql, **parameters) runs one statement and returns its rows. A database away is a 503."""
+        run(sql, **parameters) runs one statement and returns its rows. The database away: 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
@@ -752,7 +758,8 @@ class PostgresStore(SQLStore):
               "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
               " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
               " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
-              f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at); END IF; END $$",
+              f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
+              " END IF; END $$",
               "COMMIT")
     # libpq's settings unless the URL gives its own: a host that goes silent fails in seconds.
     BOUNDS = {"connect_timeout": CONNECT_SECONDS, "keepalives": 1, "keepalives_idle": 2,
@@ -782,7 +789,7 @@ class PostgresStore(SQLStore):
     def execute(self, db, sql, parameters):
         if self._pid != os.getpid():  # the watchdog runs in the process that serves
             self._pid = os.getpid()
-            threading.Thread(target=self._watch, name="plantstore-db-watchdog", daemon=True).start()
+            threading.Thread(target=self._watch, name="plantstore-watchdog", daemon=True).start()
         self._busy[threading.get_ident()] = time.monotonic() + DB_WAIT_SECONDS, self._local.socket
         try:
             return db.execute(_pyformat(sql), parameters)
@@ -854,7 +861,7 @@ def _text(data):
 # ---- Webhooks: each new plant, signed and retried, from threads of its own ----
 
 class WebhookSender:
-    """Delivers the sample's new-plant webhook to each receiver URL, signed as Standard Webhooks says.
+    """Delivers the sample's new-plant webhook to each receiver, signed as Standard Webhooks says.
 
     Every event waits in an outbox, the plant_events table, until its receiver answers 2xx. With a
     SQL store that table is written in the plant's own transaction, so a 200 means at least one
@@ -897,7 +904,8 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None  # None: the outbox in memory
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
-        self._lock, self._pid, self._waiting, self._dropping = threading.Lock(), None, (0, 0), False
+        self._lock, self._pid, self._waiting = threading.Lock(), None, (0, 0)
+        self._dropping = False
 
     def start_here(self):
         """Start sending in this process unless it does already: a server may fork after building
@@ -1016,7 +1024,8 @@ class WebhookSender:
         signed = f"{webhook_id}.{timestamp}.".encode() + body
         signature = base64.b64encode(hmac.new(self._key, signed, hashlib.sha256).digest())
         parts = urlsplit(url)
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        kind = (http.client.HTTPSConnection if parts.scheme == "https"
+                else http.client.HTTPConnection)
         connection = kind(parts.hostname, parts.port, timeout=self.TIMEOUT)
         self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
@@ -1093,7 +1102,7 @@ def _origin(url):
 
 
 def webhook_secret_key(secret):
-    """Check a Standard Webhooks secret, whsec_ and base64 of 24 bytes or more, never quoting it."""
+    """Check a Standard Webhooks secret, whsec_ and base64 of 24 bytes or more; never quote it."""
     if not secret:
         raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is "
                          "set: receivers check every webhook's signature")
@@ -1102,8 +1111,9 @@ def webhook_secret_key(secret):
     except ValueError:
         key = b""
     if not secret.startswith("whsec_") or len(key) < 24:
-        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} must be whsec_ followed by base64 of at least "
-                         "24 random bytes: make one with python -c \"import base64, secrets; "
+        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} must be whsec_ followed by base64 of at "
+                         "least 24 random bytes: make one with "
+                         "python -c \"import base64, secrets; "
                          "print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\"")
     return key
 
@@ -1136,7 +1146,8 @@ def with_cors(application, origins):
             headers.append(("Vary", "Origin"))
             if origin in origins:
                 headers += [("Access-Control-Allow-Origin", origin),
-                            ("Access-Control-Expose-Headers", "Link, Retry-After, WWW-Authenticate")]
+                            ("Access-Control-Expose-Headers",
+                             "Link, Retry-After, WWW-Authenticate")]
                 if environ["REQUEST_METHOD"] == "OPTIONS" and status.startswith("204") \
                         and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ:
                     headers += [("Access-Control-Allow-Methods", dict(headers)["Allow"]),
@@ -1634,7 +1645,8 @@ def app_from_environ(environ=os.environ, tokens=None):
     options = options_from_environ(environ)
     application = make_app(tokens or tokens_from_environ(environ), **options)
     store = options["store"]
-    _log(f"version {__version__}, plants in {store.shown if store else 'memory, in this process alone'}")
+    where = store.shown if store else "memory, in this process alone"
+    _log(f"version {__version__}, plants in {where}")
     return application
 
 
@@ -1655,8 +1667,10 @@ def __getattr__(name):
 
 
 ENVIRONMENT_HELP = f"""environment:
-  {TOKENS_VARIABLE}          bearer tokens, comma-separated, {MIN_TOKEN_LENGTH}+ characters (unset: one is made up)
-  {DB_VARIABLE}              a postgresql:// URL, a libpq string or an SQLite file (unset: in memory)
+  {TOKENS_VARIABLE}          bearer tokens, comma-separated, {MIN_TOKEN_LENGTH}+ characters each
+                             (unset: one is made up for this run)
+  {DB_VARIABLE}              a postgresql:// URL, a libpq string or an SQLite file
+                             (unset: plants are kept in memory)
   {WEBHOOK_URL_VARIABLE}     URLs, comma-separated, that each new plant is POSTed to (unset: none)
   {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them: whsec_ and base64
   {CORS_VARIABLE}    origins, comma-separated, whose browser pages may call it
