@@ -2692,6 +2692,18 @@ def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_vari
     assert (tmp_path / "plants.db").stat().st_mode & 0o777 == 0o600
 
 
+def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        store = SQLiteStore(tmp_path / "plants.sqlite3")
+        assert store.add(1, "Fern", None)  # a write: the -wal and -shm files exist now
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()}
+    assert {"plants.sqlite3", "plants.sqlite3-wal", "plants.sqlite3-shm"} <= set(modes)
+    assert set(modes.values()) == {0o600}
+
+
 # ---- A real PostgreSQL 15: a role that may not create tables in schema public ----
 
 @pytest.fixture
