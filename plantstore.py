@@ -556,10 +556,7 @@ class SQLStore:
         rows = self.run(self.PAGE, after=after or 0, limit=limit)
         return [(seq, _text(name), None if tag is None else _text(tag)) for seq, name, tag in rows]
 
-    def list(self, limit=None):
-        """Up to `limit` (None: all) (name, tag) pairs, oldest first: the first store interface."""
-        plants = self.page(0, INT64_MAX if limit is None else limit)
-        return [(name, tag) for _, name, tag in plants]
+    list = PlantStore.list  # the first store interface, by way of page()
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
