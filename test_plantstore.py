@@ -831,13 +831,16 @@ def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
 class Postgres:
     """A PostgreSQL server of the suite's own: initdb in a temporary folder, pg_ctl on a free loopback port."""
 
+    listen = "127.0.0.1"  # its listen_addresses
+    inside = ()  # the command that runs a program on the server's host (ip netns exec NS); () for this one
+
     def __init__(self, durable=False):
         self.durable = durable  # the tests need no fsync; the benchmark measures PostgreSQL as shipped
         self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
-        self.as_postgres = []
+        self.as_postgres = [*self.inside]
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             shutil.chown(self.folder, "postgres")
-            self.as_postgres = ["runuser", "-u", "postgres", "--"]
+            self.as_postgres += ["runuser", "-u", "postgres", "--"]
         self.password = secrets.token_urlsafe(18)  # through a file: never on a command line
         password_file = self.folder / "password"
         password_file.write_text(self.password)
@@ -851,20 +854,25 @@ class Postgres:
         self.start()
         self.url = f"postgresql://plantstore:{self.password}@127.0.0.1:{self.port}/plantstore"
         try:
-            with psycopg.connect(self.url.rpartition("/")[0] + "/postgres", autocommit=True) as db:
+            with self.local("postgres") as db:
                 db.execute("CREATE DATABASE plantstore")
         except BaseException:  # started, but of no use: never leave it running
             self.remove()
             raise
 
-    def _pg(self, program, *args):
+    def local(self, database="plantstore"):
+        """A connection through the server's Unix socket: it reaches a server on any host, whatever its network."""
+        return psycopg.connect(host=str(self.folder), port=self.port, dbname=database, user="plantstore",
+                               password=self.password, autocommit=True)
+
+    def _pg(self, program, *args, env=None):
         binary = shutil.which(program) or max(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
                                               key=lambda path: int(path.split("/")[4]), default=program)
         subprocess.run([*self.as_postgres, binary, *map(str, args)], check=True, timeout=WAIT * 2,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
 
     def start(self):
-        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses={self.listen} -c max_connections=200"
         self._pg("pg_ctl", "-D", self.folder / "data", "-l", self.folder / "log", "-w", "-t", WAIT, "start", "-o",
                  options if self.durable else f"{options} -c fsync=off")
 
@@ -1418,10 +1426,11 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
 
 # ---- Two gunicorn instances on one PostgreSQL ----
 
-def start_gunicorn(spawn, env, workers=1, threads=8, *options):
-    """Start gunicorn on a free loopback port; return (process, host, port, its stderr lines) once all workers boot."""
-    process = spawn([sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads), *options,
-                     "-b", "127.0.0.1:0", "plantstore:app"], env)
+def start_gunicorn(spawn, env, workers=1, threads=8, *options, inside=(), address="127.0.0.1"):
+    """Start gunicorn on a free port of `address` (on the host `inside` runs programs on: this one by default);
+    return (process, host, port, its stderr lines) once all workers boot."""
+    process = spawn([*inside, sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads),
+                     *options, "-b", f"{address}:0", "plantstore:app"], env)
     err = Lines(process.stderr)
     host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
     for _ in range(workers):
@@ -2803,34 +2812,41 @@ def nginx_binary():
     return found
 
 
-@pytest.fixture
-def nginx_in_front(spawn, tmp_path):
-    """gunicorn -w 1 --threads 8, and nginx before it with deploy/nginx.conf, its ports and paths substituted."""
-    _, _, gunicorn_port, _ = start_gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+def start_nginx(spawn, folder, upstreams, logged=""):
+    """nginx with the shipped deploy/nginx.conf, its ports and paths substituted, in front of the gunicorns at
+    `upstreams` (host:port, one or two); `logged`: http-level lines the test adds. Return its loopback port."""
     port = free_port()
     config = (HERE / "deploy" / "nginx.conf").read_text()
     substitutions = [
         ("user www-data;", "user root;" if os.geteuid() == 0 else ""),  # workers as the test's own user
-        ("pid /run/nginx.pid;", f"pid {tmp_path}/nginx.pid;"),
-        ("/var/log/nginx/", f"{tmp_path}/"),
+        ("pid /run/nginx.pid;", f"pid {folder}/nginx.pid;"),
+        ("/var/log/nginx/", f"{folder}/"),
         ("listen 80 default_server;", f"listen 127.0.0.1:{port} default_server;"),
-        ("server 127.0.0.1:8000;", f"server 127.0.0.1:{gunicorn_port};"),
-        ("http {", f"http {{\n    client_body_temp_path {tmp_path}/body; proxy_temp_path {tmp_path}/proxy;"),
+        ("server 127.0.0.1:8000 ", f"server {upstreams[0]} "),
+        *([("# server 10.0.0.2:8000 ", f"server {upstreams[1]} ")] if len(upstreams) > 1 else []),
+        ("http {", f"http {{\n    client_body_temp_path {folder}/body; proxy_temp_path {folder}/proxy;\n{logged}"),
     ]
     for shipped, local in substitutions:
         assert shipped in config, f"deploy/nginx.conf no longer has {shipped!r}: change the test with it"
         config = config.replace(shipped, local)
-    (tmp_path / "nginx.conf").write_text(config)
-    nginx = spawn([nginx_binary(), "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf"), "-e",
-                   str(tmp_path / "error.log"), "-g", "daemon off;"], environ_without_tokens())
+    (folder / "nginx.conf").write_text(config)
+    nginx = spawn([nginx_binary(), "-p", str(folder), "-c", str(folder / "nginx.conf"), "-e",
+                   str(folder / "error.log"), "-g", "daemon off;"], environ_without_tokens())
     deadline = time.monotonic() + WAIT
     while True:
-        assert nginx.poll() is None, f"nginx did not start: {(tmp_path / 'error.log').read_text()}"
+        assert nginx.poll() is None, f"nginx did not start: {(folder / 'error.log').read_text()}"
         with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return port
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+@pytest.fixture
+def nginx_in_front(spawn, tmp_path):
+    """gunicorn -w 1 --threads 8, and nginx before it with deploy/nginx.conf, its ports and paths substituted."""
+    _, _, gunicorn_port, _ = start_gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    port = start_nginx(spawn, tmp_path, [f"127.0.0.1:{gunicorn_port}"])
     return SimpleNamespace(port=port, folder=tmp_path, gunicorn_port=gunicorn_port)
 
 
