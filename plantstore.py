@@ -33,7 +33,8 @@ up to ``limit`` ``(key, name, tag)`` of the plants created after the one whose
 key is ``after`` (None: from the oldest), the key an int64 that grows with
 creation order; ``delete(plant_id) -> bool`` removes the plant and returns False
 when there was none. A store whose database is away raises
-``HTTPError(503, ...)``. ``make_app`` also takes a store of the first interface, with
+``HTTPError(503, ...)``; its ``ping()``, if it has one, is the health check's
+question (else a page of one plant). ``make_app`` also takes a store of the first interface, with
 ``list(limit)`` instead of ``page``.
 
 The one thing people get wrong: the default ``PlantStore`` lives in the memory
@@ -465,7 +466,7 @@ class Application:
 
     def check_health(self, environ, _):
         """200 while the store answers a cheap question; its 503 when not. It names no database."""
-        self.store.page(None, 1)
+        getattr(self.store, "ping", lambda: self.store.page(None, 1))()
         return 200, b'{"status": "ok"}', []
 
 
@@ -497,6 +498,7 @@ WEBHOOK_URL_VARIABLE = "PLANTSTORE_WEBHOOK_URL"
 WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_SECRET"
 CORS_VARIABLE = "PLANTSTORE_CORS_ORIGINS"
 DB_WAIT_SECONDS = 5  # the longest a request waits on its database; past it, a 503
+HEALTH_WAIT_SECONDS = 2  # the longest GET /health waits: within a load balancer's own timeout
 CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_SECONDS
 
 
@@ -550,6 +552,14 @@ class SQLStore:
                 self.on_create(run, plant_id, name, tag)
             return created
         return self.session(insert, write=True, transaction=self.on_create is not None)
+
+    def ping(self):
+        """The health check's question, waited for HEALTH_WAIT_SECONDS at most (PostgreSQL)."""
+        self._local.wait = HEALTH_WAIT_SECONDS
+        try:
+            self.run("SELECT 1")
+        finally:
+            self._local.wait = DB_WAIT_SECONDS
 
     def page(self, after, limit):
         """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
@@ -787,7 +797,8 @@ class PostgresStore(SQLStore):
         if self._pid != os.getpid():  # the watchdog runs in the process that serves
             self._pid = os.getpid()
             threading.Thread(target=self._watch, name="plantstore-watchdog", daemon=True).start()
-        self._busy[threading.get_ident()] = time.monotonic() + DB_WAIT_SECONDS, self._local.socket
+        wait = getattr(self._local, "wait", DB_WAIT_SECONDS)
+        self._busy[threading.get_ident()] = time.monotonic() + wait, self._local.socket
         try:
             return db.execute(_pyformat(sql), parameters)
         finally:
