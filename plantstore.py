@@ -537,11 +537,11 @@ class SQLStore:
 
     def open_at_start(self):
         """Make the tables now, so that a database plantstore cannot use stops the start."""
-        db = self.connect()
+        self._local.db = self.connect()
         try:
-            self.setup(db)
+            self.setup(self._local.db)
         finally:
-            db.close()
+            self._close()
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
