@@ -3565,6 +3565,19 @@ def worker_holding(server, sock):
                        if fd.name.isdigit() and os.path.islink(fd)))
 
 
+def freeze(pid):
+    """SIGSTOP the process at a moment it holds no write lock (SQLite's, or plantstore's writers' lock file),
+    so that the processes still running are never left waiting for one it would hold while stopped."""
+    for _ in range(1000):
+        os.kill(pid, signal.SIGSTOP)
+        held = [line.split() for line in Path("/proc/locks").read_text().splitlines()]
+        if not any(fields[3:5] == ["WRITE", str(pid)] for fields in held):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} held a write lock each time it was stopped")
+
+
 def test_granian_runs_the_webhook_sender_in_each_worker(granian, receiver, tmp_path):
     """Two workers on SQLite: with either one frozen, the other's own sender delivers what it created."""
     hook = receiver()
@@ -3580,7 +3593,7 @@ def test_granian_runs_the_webhook_sender_in_each_worker(granian, receiver, tmp_p
             connections.setdefault(worker_holding(server, opened[-1].sock), opened[-1])
         plant_id = 0
         for frozen, serving in [server.pids, server.pids[::-1]]:
-            os.kill(frozen, signal.SIGSTOP)
+            freeze(frozen)
             try:
                 for _ in range(5):
                     plant_id += 1
@@ -3649,6 +3662,33 @@ def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(gra
     assert held == 508  # every create was answered while all the slow connections were still held
     assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{n}"} for n in range(1, 21)])
 
+
+
+@pytest.fixture
+def nginx_before_granian(spawn, tmp_path):
+    """granian with its in-memory recipe, and nginx before it with the shipped deploy/nginx.conf."""
+    granian_port = start_granian(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)).port
+    return SimpleNamespace(port=start_nginx(spawn, tmp_path, [f"127.0.0.1:{granian_port}"]))
+
+
+def test_granian_behind_nginx_is_not_held_up_by_stalled_bodies(nginx_before_granian):
+    """Alone, granian gives a request to a Python thread once its headers are in, and the thread waits for the
+    body, with no timeout: as many stalled bodies as the recipe's blocking threads stop every create. nginx
+    reads each body whole first, so through it, more stalled bodies than threads hold up no one."""
+    threads = int(granian_recipe("memory")[granian_recipe("memory").index("--blocking-threads") + 1])
+    stalled = []
+    try:
+        for _ in range(threads + 2):
+            stalled.append(socket.create_connection(("127.0.0.1", nginx_before_granian.port), timeout=WAIT))
+            stalled[-1].sendall(raw_request(b'{"id": 1, ', content_length=100))
+        time.sleep(0.5)  # every stalled request is in, as far as it will go
+        for plant_id in range(2, 7):
+            assert post_over_http("127.0.0.1", nginx_before_granian.port, TOKEN, {"id": plant_id, "name": "served"})[0] == 200
+        assert sum(map(still_open, stalled)) == threads + 2  # answered while every stalled body was held
+    finally:
+        for sock in stalled:
+            sock.close()
+    assert over_http("127.0.0.1", nginx_before_granian.port, TOKEN, "GET", "/plants") == (200, [{"name": "served"}] * 5)
 
 # ---- The benchmark still runs (a smoke run with tiny counts; speed is not asserted here) ----
 
