@@ -3556,13 +3556,18 @@ def test_granian_without_tokens_says_so_in_one_line(spawn):
 
 def worker_holding(server, sock):
     """The process id of the granian worker that holds the other end of this client's connection."""
-    client_port = sock.getsockname()[1]
-    wanted = f"0100007F:{server.port:04X} 0100007F:{client_port:04X}"  # local, remote: as the server sees it
-    inode = next(line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
-                 if " ".join(line.split()[1:3]) == wanted)
-    return next(pid for pid in server.pids
-                if any(os.readlink(fd) == f"socket:[{inode}]" for fd in Path(f"/proc/{pid}/fd").iterdir()
-                       if fd.name.isdigit() and os.path.islink(fd)))
+    wanted = f"0100007F:{server.port:04X} 0100007F:{sock.getsockname()[1]:04X}"  # local, remote: as the server sees it
+    deadline = time.monotonic() + WAIT
+    while True:  # a connection still waiting to be accepted has no process, and inode 0
+        inode = next(line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+                     if " ".join(line.split()[1:3]) == wanted)
+        for pid in server.pids:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    if os.readlink(fd) == f"socket:[{inode}]":
+                        return pid
+        assert time.monotonic() < deadline, "no worker accepted the connection"
+        time.sleep(0.01)
 
 
 def freeze(pid):
