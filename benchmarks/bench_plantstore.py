@@ -3,8 +3,8 @@
     python benchmarks/bench_plantstore.py            # the full run (a few minutes)
     python benchmarks/bench_plantstore.py --quick    # tiny counts, in process only: a smoke run
 
-Needs `pip install -e '.[bench]'` (Falcon, gunicorn) and, for the HTTP rows, `wrk`
-(Debian: `apt-get install wrk`). Contenders run in interleaved rounds, so that
+Needs `pip install -e '.[bench]'` (Falcon, gunicorn, granian) and, for the HTTP rows, `wrk`
+(Debian: `apt-get install wrk`); section 5 also runs `pgbench` (Debian: postgresql). Contenders run in interleaved rounds, so that
 noise from the machine hits all of them alike (in process, they take turns every
 100 requests). Each figure is the median round, and each ratio the median of the
 ratios within a round: a slow minute of the machine slows both sides of a ratio,
@@ -17,13 +17,18 @@ so it does not move it.
    layout and hash seed move the figures a little.
 2. Over HTTP: requests per second under gunicorn's gthread worker (1 worker,
    8 threads) on loopback, plantstore against the ceiling app, with wrk sending
-   unique ids; and the embedded server (python plantstore.py).
+   unique ids; the same two under granian with the in-memory recipe of
+   deploy/plantstore-granian.service, and granian's ratios to gunicorn and to
+   its own ceiling; and the embedded server (python plantstore.py).
 3. Memory: bytes per stored plant at 1,000,000 plants with short names and tags.
 4. The SQLite store against the in-memory one: creates per second in process, and
    over HTTP under gunicorn -w 4 --threads 4 with PLANTSTORE_DB.
 5. Durable creates over HTTP, all in one run: PostgreSQL and SQLite under
-   gunicorn -w 2 --threads 4, the in-memory store under -w 1 --threads 8; requests
-   per second, p99 and the longest wait. PostgreSQL is started the way the tests
+   gunicorn -w 2 --threads 4, the in-memory store under -w 1 --threads 8, and
+   each store under granian with its recipe from deploy/plantstore-granian.service;
+   requests per second, p99 and the longest wait; and pgbench inserting the same
+   rows into the same PostgreSQL, 8 clients, for the database's own rate. Each
+   server has a database of its own. PostgreSQL is started the way the tests
    start it, with its durable defaults (fsync, synchronous_commit on), so this
    section also needs the test extra: pip install -e '.[bench,test]'.
 6. Listing at size, in process with the in-memory store: a page of 10 at 1,000
@@ -33,12 +38,14 @@ so it does not move it.
 """
 
 import argparse
+import glob
 import io
 import json
 import os
 import platform
 import re
 import secrets
+import shutil
 import socket
 import statistics
 import subprocess
@@ -237,6 +244,17 @@ def wait_for_port(port, process, seconds=30):
     raise SystemExit("the server did not start listening")
 
 
+def granian_recipe(store, port):
+    """granian's command for a store ("memory", "sqlite" or "postgres"), as deploy/plantstore-granian.service has it."""
+    unit = (HERE.parent / "deploy" / "plantstore-granian.service").read_text()
+    line = {"memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
+            "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
+            "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$"}[store]
+    flags = re.search(line, unit, re.MULTILINE)[1].split()
+    flags[flags.index("--port") + 1] = str(port)
+    return [sys.executable, "-m", "granian", *flags]
+
+
 def start_server(kind, port, db_path):
     env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
     env.pop("WEB_CONCURRENCY", None)
@@ -248,12 +266,15 @@ def start_server(kind, port, db_path):
                 "plantstore:app"]
     elif kind == "embedded":
         args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
+    elif kind.startswith("granian"):  # the recipe for the in-memory store: plantstore, or the ceiling app
+        app = "plantstore:app" if kind == "granian" else f"{Path(__file__).resolve()}:ceiling"
+        args = [*granian_recipe("memory", port), "--log-level", "warning", app]
     else:
         app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
         args = [sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-k", "gthread",
                 "-b", f"127.0.0.1:{port}", "--log-level", "warning",
                 "--pythonpath", f"{HERE.parent},{HERE}", app]
-    process = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(args, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     wait_for_port(port, process)
     return process
@@ -281,18 +302,21 @@ def milliseconds(text):
 
 
 def bench_http(rounds, seconds, connections, db_path):
-    kinds = ["plantstore", "ceiling", "embedded", "sqlite"]
+    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers; and granian's own ratios."""
+    kinds = ["plantstore", "ceiling", "granian", "granian-ceiling", "embedded", "sqlite"]
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
-    servers = {kind: (port := free_port(), start_server(kind, port, db_path)) for kind in kinds}
+    servers = {}
     samples = []  # one {kind: requests per second} per round
     bad = {kind: 0 for kind in kinds}
     try:
+        for kind in kinds:
+            servers[kind] = (port := free_port()), start_server(kind, port, db_path)
         for round_number in range(rounds):
-            # The pair the ratio is about runs back to back, each first every other round; then the rest.
-            pair = ["plantstore", "ceiling"][::1 if round_number % 2 else -1]
+            # Each pair a ratio is about runs back to back, each first every other round; then the rest.
+            flip = 1 if round_number % 2 else -1
             samples.append({})
-            for kind in pair + ["embedded", "sqlite"]:
+            for kind in ["plantstore", "ceiling"][::flip] + ["granian", "granian-ceiling"][::flip] + ["embedded", "sqlite"]:
                 port = servers[kind][0]
                 rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
                                                id_base=(round_number + 1) * 10**12)
@@ -303,7 +327,11 @@ def bench_http(rounds, seconds, connections, db_path):
             process.terminate()
             process.wait(30)
         os.unlink(script.name)
-    return {kind: (rps, ratio, bad[kind]) for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+    rates = {kind: (rps, ratio, bad[kind]) for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+    granian = {"vs gunicorn": median_ratio(samples, "granian", "plantstore"),
+               "vs its ceiling": median_ratio(samples, "granian", "granian-ceiling"),
+               "ceilings": median_ratio(samples, "granian-ceiling", "ceiling")}
+    return rates, granian
 
 
 # ---- 3. Memory ----
@@ -342,41 +370,82 @@ def bench_stores(rounds, per_round, db_path):
 
 # ---- 5. Durable creates over HTTP: PostgreSQL, SQLite, memory ----
 
-DURABLE = {  # label: (PLANTSTORE_DB, gunicorn's workers and threads)
-    "memory, -w 1 --threads 8": (None, 1, 8),
-    "SQLite, -w 2 --threads 4": ("sqlite", 2, 4),
-    "PostgreSQL, -w 2 --threads 4": ("postgres", 2, 4),
+DURABLE = {  # label: (PLANTSTORE_DB, the server: gunicorn's workers and threads, or granian's recipe)
+    "memory, gunicorn -w 1 --threads 8": (None, ("gunicorn", 1, 8)),
+    "SQLite, gunicorn -w 2 --threads 4": ("sqlite", ("gunicorn", 2, 4)),
+    "PostgreSQL, gunicorn -w 2 --threads 4": ("postgres", ("gunicorn", 2, 4)),
+    "memory, granian": (None, ("granian", "memory")),
+    "SQLite, granian": ("sqlite", ("granian", "sqlite")),
+    "PostgreSQL, granian": ("postgres", ("granian", "postgres")),
 }
+PGBENCH = "PostgreSQL, pgbench -c 8"  # the database's own rate at the same inserts, without plantstore
+PGBENCH_16 = "PostgreSQL, pgbench -c 16"  # as many commits under way as wrk's 16 connections can make
+
+# The rows plantstore inserts on a create (no webhooks): one statement, in autocommit, as PostgresStore runs it.
+PGBENCH_SCRIPT = r"""
+\set id random(1, 9000000000000000000)
+INSERT INTO plants (id, name, tag) VALUES (:id, '\x4665726e'::bytea, '\x696e646f6f72'::bytea) ON CONFLICT (id) DO NOTHING RETURNING seq;
+"""
+
+
+def run_pgbench(postgres, script, seconds, clients=8):
+    """Transactions per second of pgbench with this script: clients sessions, 2 threads, prepared statements."""
+    env = {**os.environ, "PGPASSWORD": postgres.password}  # never on the command line
+    binary = shutil.which("pgbench") or max(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench")
+    out = subprocess.run([binary, "-n", "-c", str(clients), "-j", "2", "-M", "prepared", "-T", str(seconds),
+                          "-f", script, "-h", "127.0.0.1", "-p", str(postgres.port), "-U", "plantstore", "plantstore"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+    return float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)[1])
 
 
 def bench_durable(rounds, seconds, connections, workdir):
-    """Per server: median requests/s, the worst round's p99, the longest wait (ms), and bad answers."""
+    """Per server: median requests/s, the worst round's p99, the longest wait (ms), and bad answers;
+    and the median ratios within a round of granian on PostgreSQL to gunicorn's, and to pgbench's."""
     sys.path.insert(0, str(HERE.parent))
+    import psycopg
     from test_plantstore import Postgres  # the tests' own server: initdb and pg_ctl in a temporary folder
 
     postgres = Postgres(durable=True)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as insert_script:
+        insert_script.write(PGBENCH_SCRIPT)
     servers = {}
     try:
-        for label, (db, workers, threads) in DURABLE.items():
+        for label, (db, (server, *how)) in DURABLE.items():
             env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
             env.pop("WEB_CONCURRENCY", None)
             env.pop("PLANTSTORE_DB", None)
-            if db:
-                env["PLANTSTORE_DB"] = postgres.url if db == "postgres" else os.path.join(workdir, "durable.sqlite3")
+            if db:  # each server a database of its own: the stores grow alike, and no id is another's
+                name = re.sub(r"\W+", "_", label).lower()
+                if db == "sqlite":
+                    env["PLANTSTORE_DB"] = os.path.join(workdir, f"{name}.sqlite3")
+                else:
+                    with psycopg.connect(postgres.url, autocommit=True) as connection:
+                        connection.execute(f"CREATE DATABASE {name}")
+                    env["PLANTSTORE_DB"] = f"{postgres.url.rpartition('/')[0]}/{name}"
             port = free_port()
-            servers[label] = port, subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads), "-k", "gthread",
-                 "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
-                 "plantstore:app"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
+            if server == "gunicorn":
+                args = [sys.executable, "-m", "gunicorn", "-w", str(how[0]), "--threads", str(how[1]), "-k", "gthread",
+                        "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
+                        "plantstore:app"]
+            else:
+                args = [*granian_recipe(how[0], port), "--log-level", "warning", "plantstore:app"]
+            servers[label] = port, subprocess.Popen(args, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL,
+                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wait_for_port(port, servers[label][1])
-        samples, worst = [], {label: {"p99": 0, "max": 0, "bad": 0} for label in DURABLE}
+        with psycopg.connect(postgres.url, autocommit=True) as connection:  # pgbench's table: plantstore's own
+            for statement in plantstore.PostgresStore.schema:
+                connection.execute(statement)
+        labels = [*DURABLE, PGBENCH, PGBENCH_16]
+        samples, worst = [], {label: {"p99": 0, "max": 0, "bad": 0} for label in labels}
         for round_number in range(rounds):
             samples.append({})
-            order = list(DURABLE)[round_number % 3:] + list(DURABLE)[:round_number % 3]  # each first in turn
-            for label in order:
+            turn = round_number % len(labels)
+            for label in labels[turn:] + labels[:turn]:  # each first in turn
+                if label in (PGBENCH, PGBENCH_16):
+                    samples[-1][label] = run_pgbench(postgres, insert_script.name, seconds, 8 if label == PGBENCH else 16)
+                    continue
                 latencies = {}
                 rps, non_2xx, errors = run_wrk(servers[label][0], script.name, seconds, connections,
                                                id_base=(round_number + 1) * 10**12, latencies=latencies)
@@ -389,9 +458,15 @@ def bench_durable(rounds, seconds, connections, workdir):
             process.terminate()
             process.wait(30)
         os.unlink(script.name)
+        os.unlink(insert_script.name)
         postgres.remove()
-    return {label: (rps, ratio, worst[label]) for label, (rps, ratio) in
-            summarize(samples, "memory, -w 1 --threads 8").items()}
+    rates = {label: (rps, ratio, worst[label]) for label, (rps, ratio) in
+             summarize(samples, "memory, gunicorn -w 1 --threads 8").items()}
+    ratios = {"vs gunicorn": median_ratio(samples, "PostgreSQL, granian", "PostgreSQL, gunicorn -w 2 --threads 4"),
+              "vs pgbench": median_ratio(samples, "PostgreSQL, granian", PGBENCH),
+              "vs pgbench 16": median_ratio(samples, "PostgreSQL, granian", PGBENCH_16),
+              "gunicorn vs pgbench": median_ratio(samples, "PostgreSQL, gunicorn -w 2 --threads 4", PGBENCH)}
+    return rates, ratios
 
 
 # ---- 6. Listing at size ----
@@ -510,13 +585,19 @@ def main(argv=None):
     if args.only == "listing":
         return 0
     if not args.quick and args.only in (None, "durable"):
-        durable = bench_durable(args.durable_rounds, args.durable_seconds, args.connections, workdir.name)
+        durable, ratios = bench_durable(args.durable_rounds, args.durable_seconds, args.connections, workdir.name)
         print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections}, {args.durable_rounds} interleaved rounds of "
               f"{args.durable_seconds} s; requests/s is the median round, p99 the worst round's, max the longest wait:")
-        print(f"  {'store, gunicorn':<30} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  {'max ms':>7}  {'errors':>6}")
+        print(f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  {'max ms':>7}  {'errors':>6}")
         for label, (rps, vs_memory, worst) in durable.items():
-            print(f"  {label:<30} {rps:>10.0f}  {vs_memory:>8.3f}x  {worst['p99']:>7.1f}  {worst['max']:>7.1f}  "
+            if label in (PGBENCH, PGBENCH_16):
+                print(f"  {label:<38} {rps:>10.0f}  {vs_memory:>8.3f}x  (inserts/s of the same rows, no HTTP)")
+                continue
+            print(f"  {label:<38} {rps:>10.0f}  {vs_memory:>8.3f}x  {worst['p99']:>7.1f}  {worst['max']:>7.1f}  "
                   f"{worst['bad']:>6}")
+        print(f"  granian on PostgreSQL: {ratios['vs gunicorn']:.2f}x gunicorn's, {ratios['vs pgbench']:.2f}x pgbench's "
+              f"inserts with 8 clients (gunicorn: {ratios['gunicorn vs pgbench']:.2f}x), {ratios['vs pgbench 16']:.2f}x "
+              f"with 16; median ratios within a round")
     if args.only == "durable":
         return 0
 
@@ -533,16 +614,22 @@ def main(argv=None):
         print(f"  {name:<12} {rate:>10.0f} creates/s  {vs_memory:>6.3f}x")
 
     if not args.quick:
-        rates = bench_http(args.http_rounds, args.http_seconds, args.connections,
-                           os.path.join(workdir.name, "http.sqlite3"))
+        rates, granian = bench_http(args.http_rounds, args.http_seconds, args.connections,
+                                    os.path.join(workdir.name, "http.sqlite3"))
         print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of {args.http_rounds} "
-              f"interleaved {args.http_seconds} s rounds (gunicorn -w 1 --threads 8, gthread):")
+              f"interleaved {args.http_seconds} s rounds (gunicorn -w 1 --threads 8, gthread; granian with the "
+              f"in-memory recipe of deploy/plantstore-granian.service):")
         print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  {'non-2xx or errors':>17}")
         print("  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)")
         for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
+                            ("granian", "granian plantstore:app"), ("granian-ceiling", "granian ceiling"),
                             ("embedded", "python plantstore.py"), ("sqlite", "gunicorn -w 4, SQLite")]:
             rps, vs_ceiling, bad = rates[kind]
             print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.3f}x  {bad:>17}")
+        print(f"  granian plantstore:app: {granian['vs gunicorn']:.2f}x gunicorn plantstore:app, "
+              f"{granian['vs its ceiling']:.3f}x the ceiling app under granian "
+              f"(which is {granian['ceilings']:.2f}x the ceiling under gunicorn); "
+              f"median ratios within a round")
 
     per_plant = bench_memory(args.plants)
     print(f"\nMemory: {per_plant:.0f} bytes per stored plant at {args.plants:,} plants "
