@@ -1670,6 +1670,8 @@ def __getattr__(name):
         app = app_from_environ()
     except ValueError as problem:  # gunicorn prints its AppImportError in one line, and stops
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
+        if "granian" in sys.modules and error is AttributeError:
+            error = SystemExit  # granian's worker prints a traceback for anything else
         raise error(str(problem)) from None
     return app
 
