@@ -1727,7 +1727,8 @@ def main(argv=None):
     with server:
         host, port = server.server_address[:2]
         _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-        signal.signal(signal.SIGTERM, _interrupt)  # how systemd and containers stop a service
+        for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C; how systemd and containers stop it
+            signal.signal(stop, _interrupt)  # SIGINT too: a shell's background job ignores it
         try:
             server.serve_forever()
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
