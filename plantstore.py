@@ -58,8 +58,7 @@ if sys.version_info < (3, 11):  # one line, before anything that needs 3.11 fail
         f"plantstore needs Python 3.11 or newer; this is Python {sys.version.split()[0]}")
 
 __version__ = "1.2.0"
-__all__ = ["Application", "HTTPError", "OPENAPI", "PlantStore", "PostgresStore", "SQLStore",
-           "SQLiteStore", "make_app", "make_server", "main"]  # `app`: built on first use
+__all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add theirs
 
 MAX_BODY_BYTES = 65536  # the default limit of a request body; a larger one answers 413
 MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
@@ -360,7 +359,11 @@ def error_json(status, message):
 
 
 def stream_plants(page, after, plants):
-    """Yield one JSON array of every plant after `after`, a page at a time, from the first page."""
+    """Yield one JSON array of every plant after `after`, a page at a time, from the first page.
+
+    The 200 is sent before the second page is read: if the store fails then, the error goes up
+    to the server, which cuts the answer short, so the client never takes it for a whole list.
+    """
     yield b"["
     comma = b""
     while plants:
@@ -406,7 +409,8 @@ class Application:
         self.public = {"/health"}
 
     def __call__(self, environ, start_response):
-        """Answer one request: JSON (a 204: nothing), never an exception, HEAD without the body."""
+        """Answer one request: JSON (a 204: nothing), HEAD without its body; no exception escapes
+        but a streamed listing's own, once its 200 is sent (see stream_plants)."""
         try:
             status, body, headers = self.respond(environ)
         except HTTPError as error:
@@ -512,9 +516,15 @@ TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"  # the setti
 WEBHOOK_URL_VARIABLE = "PLANTSTORE_WEBHOOK_URL"
 WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_SECRET"
 CORS_VARIABLE = "PLANTSTORE_CORS_ORIGINS"
+DB_FORMS = ("a postgresql:// URL, a libpq string (host=... dbname=...), "
+            "or an SQLite file's path (or sqlite:///path)")
 DB_WAIT_SECONDS = 5  # the longest a request waits on its database; past it, a 503
 HEALTH_WAIT_SECONDS = 2  # the longest GET /health waits: within a load balancer's own timeout
 CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_SECONDS
+
+
+__all__ += ["OPENAPI", "PostgresStore", "SQLStore", "SQLiteStore", "make_app", "make_server",
+            "main"]  # not `app`: it is built from the environment on first use
 
 
 def _log(message):
@@ -596,6 +606,7 @@ class SQLStore:
         run(sql, **parameters) runs one statement and returns its rows. The database away: 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
+            self._local.deadline = started + getattr(self._local, "wait", DB_WAIT_SECONDS)
             try:
                 with self._write_lock if write else contextlib.nullcontext():
                     db, reused = self._connection()
@@ -764,8 +775,8 @@ class PostgresStore(SQLStore):
     """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares them.
 
     No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
-    keepalives notice a silent host, and a watchdog shuts the connection of a statement that runs
-    longer (a commit held by a synchronous standby that is gone, say). That request answers 503,
+    keepalives notice a silent host, and a watchdog shuts the connection of a request's statement
+    still running at the request's deadline (a commit held by a synchronous standby that is gone, say). That request answers 503,
     even if PostgreSQL went on to commit it: retried, the create answers 200 or 409.
     """
 
@@ -812,8 +823,7 @@ class PostgresStore(SQLStore):
         if self._pid != os.getpid():  # the watchdog runs in the process that serves
             self._pid = os.getpid()
             threading.Thread(target=self._watch, name="plantstore-watchdog", daemon=True).start()
-        wait = getattr(self._local, "wait", DB_WAIT_SECONDS)
-        self._busy[threading.get_ident()] = time.monotonic() + wait, self._local.socket
+        self._busy[threading.get_ident()] = self._local.deadline, self._local.socket
         try:
             return db.execute(_pyformat(sql), parameters)
         finally:
@@ -1075,11 +1085,13 @@ class WebhookSender:
             self.outbox(self.DONE, seq=seq)
             if self._failing.pop(url, None) is not None:  # through again: the others follow now
                 self.outbox(self.HURRY, now=now, url=url)
-        elif probe:  # a probe that failed leaves its event's schedule as it was
+        elif probe and status in (None, 502, 503, 504):  # still no answer: its schedule stays
             self.outbox(self.RELEASE, seq=seq)
         else:
             if status in (None, 502, 503, 504):  # no answer from the receiver itself: probe it
                 self._failing.setdefault(url, now)
+            else:  # an answer, if not a 2xx: the receiver is back, and its events go as usual
+                self._failing.pop(url, None)
             if attempts < len(self.SCHEDULE):
                 delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
                 self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
@@ -1179,6 +1191,8 @@ def with_cors(application, origins):
             return start_response(status, headers, exc_info)
         return application(environ, start)
     return cors
+
+
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
 # The document as it is served, but for `servers`, which says where the application is mounted.
@@ -1296,7 +1310,7 @@ OPENAPI = json.loads("""{
         "operationId": "getOpenApiDocument",
         "tags": ["service"],
         "summary": "Read this document",
-        "description": "The one request that needs no token",
+        "description": "Needs no token",
         "security": [],
         "responses": {
           "200": {
@@ -1463,6 +1477,7 @@ def serve_document(application):
     application.routes["/openapi.json"] = {"GET": read_document}
     application.public.add("/openapi.json")
 
+
 # ---- The embedded server: wsgiref, threaded, with timeouts ----
 
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
@@ -1505,7 +1520,7 @@ class _RequestHandler(WSGIRequestHandler):
             self.send_error(414)
         elif self.parse_request():
             handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(),
-                                     multithread=False)
+                                     multithread=True)
             handler.request_handler = self  # for its log line
             handler.run(self.server.get_app())
 
@@ -1645,9 +1660,6 @@ def store_from_environ(environ=os.environ):
         raise ValueError(f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory")
     return SQLiteStore(value) if value else None
 
-
-DB_FORMS = ("a postgresql:// URL, a libpq string (host=... dbname=...), "
-            "or an SQLite file's path (or sqlite:///path)")
 
 
 def unknown_settings(environ=os.environ):

@@ -1574,6 +1574,7 @@ class Receiver:
 
     def __init__(self, port=0):
         self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None  # statuses: answered in turn
+        self.refused = set()  # the ids of plants whose event it answers 422, every time
         self.verifier = standardwebhooks.Webhook(SECRET)
         receiver = self
 
@@ -1585,6 +1586,8 @@ class Receiver:
                     receiver.hold.wait(WAIT)
                 time.sleep(receiver.delay)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
+                if payload["id"] in receiver.refused:  # this event, always: an answer all the same
+                    status = 422
                 receiver.deliveries.append((self.headers["webhook-id"], payload, status))
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -1698,6 +1701,21 @@ def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_stor
     time.sleep(0.5)  # refused, retried and refused again meanwhile
     back = receiver(port)
     assert sorted(plant["id"] for plant in back.wait_for(10)) == list(range(10))
+
+
+def test_a_webhook_receiver_back_but_refusing_its_oldest_event_gets_the_others(store, webhook_app, receiver,
+                                                                               monkeypatch):
+    """A probe that gets an answer, even a 4xx, ends the probing: the other events are not held."""
+    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 60))
+    hook = receiver()
+    port, application = hook.server.server_address[1], webhook_app(store, hook.url)
+    hook.stop()
+    for plant_id in range(5):
+        post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+    time.sleep(0.5)  # refused, retried and refused again: the receiver is probed with the oldest
+    back = receiver(port)
+    back.refused = {0}
+    assert sorted(plant["id"] for plant in back.wait_for(4)) == [1, 2, 3, 4]
 
 
 class TricklingReceiver:
