@@ -775,9 +775,10 @@ class PostgresStore(SQLStore):
     """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares them.
 
     No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
-    keepalives notice a silent host, and a watchdog shuts the connection of a request's statement
-    still running at the request's deadline (a commit held by a synchronous standby that is gone, say). That request answers 503,
-    even if PostgreSQL went on to commit it: retried, the create answers 200 or 409.
+    keepalives notice a silent host, and a watchdog shuts the connection of a statement still
+    running at its request's deadline (a commit held by a synchronous standby that is gone, say).
+    That request answers 503, even if PostgreSQL went on to commit it: retried, the create
+    answers 200 or 409.
     """
 
     EVENTS = ("CREATE TABLE IF NOT EXISTS plant_events (seq BIGINT GENERATED ALWAYS AS IDENTITY"
