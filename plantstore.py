@@ -70,6 +70,7 @@ JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
 # Status lines made once: HTTPStatus(status) on every answer cost 5-10% of creates/s under granian.
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
+_CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}  # RFC 9110, 15
 
 
 # ---- Errors: raised anywhere, rendered in one place (Application.__call__) ----
@@ -412,21 +413,24 @@ class Application:
         """Answer one request: JSON (a 204: nothing), HEAD without its body; no exception escapes
         but a streamed listing's own, once its 200 is sent (see stream_plants)."""
         try:
-            status, body, headers = self.respond(environ)
-        except HTTPError as error:
-            status, headers = error.status, error.headers
-            body = error_json(status, error.message)
+            try:
+                status, body, headers = self.respond(environ)
+            except HTTPError as error:
+                if type(error.status) is not int or not 200 <= error.status <= 599:
+                    raise  # 1xx is no final answer, and 600 no status at all: a 500, logged
+                status, headers = error.status, error.headers
+                body = error_json(status, error.message)
         except Exception:
             traceback.print_exc(file=environ["wsgi.errors"])
             status, body, headers = 500, error_json(500, "internal server error"), []
-        if status == 204:
+        if status in (204, 304):  # answers that never have a body
             headers, body = list(headers), []
         elif type(body) is bytes:
             headers = [("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers]
             body = [body]
         else:  # a streamed listing: its length is not known before its end
             headers = [("Content-Type", JSON_TYPE), *headers]
-        start_response(_STATUS_LINES[status], headers)
+        start_response(_STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers)
         if environ["REQUEST_METHOD"] == "HEAD":  # the headers GET would have, and no body
             getattr(body, "close", lambda: None)()  # a stream read its first page, no more
             return []
@@ -539,10 +543,11 @@ class SQLStore:
 
     One class over two DB-API drivers, as peewee does it: the SQL is written once, with named
     parameters, and each engine's differences (connecting, its DDL, its placeholders, the errors
-    that mean "the database is away") are the few lines of its subclass. Each thread has a
-    connection of its own, opened on first use and dropped on the first error: while the database
-    cannot be reached, requests answer 503 with Retry-After, and once it is back they succeed
-    again, with no restart. The outage is logged once, and so is its end.
+    that mean "the database is away") are the few lines of its subclass. Each process holds at
+    most POOL_SIZE connections, whatever the number of its threads or clients; a connection is
+    made when none is free and dropped on its first error. While the database cannot be reached,
+    requests answer 503 with Retry-After, and once it is back they succeed again, with no
+    restart. The outage is logged once, and so is its end.
     """
 
     INSERT = ("INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
@@ -550,23 +555,28 @@ class SQLStore:
     PAGE = "SELECT seq, name, tag FROM plants WHERE seq > :after ORDER BY seq LIMIT :limit"
     DELETE = "DELETE FROM plants WHERE id = :id RETURNING seq"
     BEGIN = "BEGIN"
+    POOL_SIZE = 8  # connections a process holds at most; a request waits for one, within its bound
     schema = ()  # the statements that make the tables, in the engine's own DDL
     unavailable = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
         self.on_create = None  # on_create(run, plant_id, name, tag): in the plant's transaction
-        self._local = threading.local()
         self._write_lock = contextlib.nullcontext()  # an engine that queues writers sets a lock
-        self._away = False
+        self._lock = threading.Lock()  # guards the pool, and the statements the watchdog sees
+        self._asking = threading.Lock()  # held by the one health question in flight
+        self._answer = 0.0, True  # when the last health answer came, and whether it was yes
+        self._pid, self._ready, self._away, self._busy = None, False, False, {}
 
     def open_at_start(self):
-        """Make the tables now, so that a database plantstore cannot use stops the start."""
-        self._local.db = self.connect()
+        """Make the tables now, so that a database plantstore cannot use stops the start. No
+        connection is kept: a server may fork next, and a connection must not follow a fork."""
+        db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            self.setup(self._local.db)
+            self.setup(db.execute)  # no watchdog here: it would be a thread in a server's master
+            self._ready = True
         finally:
-            self._close()
+            self._close(db)
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite."""
@@ -579,12 +589,22 @@ class SQLStore:
         return self.session(insert, write=True, transaction=self.on_create is not None)
 
     def ping(self):
-        """The health check's question, waited for HEALTH_WAIT_SECONDS at most (PostgreSQL)."""
-        self._local.wait = HEALTH_WAIT_SECONDS
+        """The health check's question, one in flight per process at most: the checks that come
+        while it is asked share its answer. None waits past HEALTH_WAIT_SECONDS."""
+        arrived = time.monotonic()
+        if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
+            raise unavailable("the database")
         try:
-            self.run("SELECT 1")
+            if self._answer[0] < arrived:  # no answer came while this one waited: ask
+                try:
+                    self.session(lambda run: run("SELECT 1"), wait=HEALTH_WAIT_SECONDS)
+                    self._answer = time.monotonic(), True
+                except HTTPError:
+                    self._answer = time.monotonic(), False
+            if not self._answer[1]:
+                raise unavailable("the database")
         finally:
-            self._local.wait = DB_WAIT_SECONDS
+            self._asking.release()
 
     def page(self, after, limit):
         """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
@@ -601,19 +621,19 @@ class SQLStore:
         """Run one statement and return its rows; a write unless it is a SELECT."""
         return self.session(lambda run: run(sql, **parameters), write=not sql.startswith("SELECT"))
 
-    def session(self, work, *, write=False, transaction=False):
-        """Return work(run) on this thread's connection, in one transaction if asked, where
-        run(sql, **parameters) runs one statement and returns its rows. The database away: 503."""
+    def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
+        """Return work(run) on a connection of this process, in one transaction if asked, where
+        run(sql, **parameters) runs one statement and returns its rows. All of it, connecting
+        included, ends within `wait` seconds; the database away, or too slow: 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
-            self._local.deadline = started + getattr(self._local, "wait", DB_WAIT_SECONDS)
             try:
                 with self._write_lock if write else contextlib.nullcontext():
-                    db, reused = self._connection()
-                    result = self._work(db, work, transaction)
+                    with self._connection(started + wait) as (db, reused):
+                        result = self._work(db, work, transaction, started + wait)
                 break
             except self.unavailable as error:
-                self._drop(error)
+                self._outage(error)
                 # A read that failed at once on a connection made before an outage is tried
                 # again on a new one; a write never is, since it may have been done.
                 if write or not reused or attempt == 2 or time.monotonic() - started > 1:
@@ -623,9 +643,38 @@ class SQLStore:
             _log(f"the {self.shown} is reachable again")
         return result
 
-    def _work(self, db, work, transaction):
+    @contextlib.contextmanager
+    def _connection(self, deadline):
+        """A connection of this process's pool, and whether it served before; dropped on error."""
+        with self._lock:
+            if self._pid != os.getpid():  # a forked worker never uses its parent's connections
+                self._idle, self._slots = [], threading.Semaphore(self.POOL_SIZE)
+                self._busy, self._pid = {}, os.getpid()
+        if not self._slots.acquire(timeout=max(0, deadline - time.monotonic())):
+            raise unavailable("the database")  # every connection busy past the deadline
+        db = None
+        try:
+            with self._lock:
+                db = self._idle.pop() if self._idle else None
+            if db is not None and not self.usable(db):
+                self._close(db)
+                db = None
+            reused, db = db is not None, db or self.connect(deadline)
+            if not self._ready:  # the database was away at start: its tables may not exist
+                self.setup(lambda sql: self.execute(db, sql, {}, deadline))
+                self._ready = True
+            yield db, reused
+            with self._lock:
+                self._idle.append(db)
+            db = None
+        finally:
+            if db is not None:
+                self._close(db)
+            self._slots.release()
+
+    def _work(self, db, work, transaction, deadline):
         def run(sql, **parameters):
-            rows = self.execute(db, sql, parameters)
+            rows = self.execute(db, sql, parameters, deadline)
             return rows.fetchall() if rows.description else []  # all: the statement is done
         if not transaction:
             result = work(run)
@@ -641,32 +690,16 @@ class SQLStore:
         self.check(db)
         return result
 
-    def execute(self, db, sql, parameters):
+    def execute(self, db, sql, parameters, deadline):
         return db.execute(sql, parameters)
 
-    def _connection(self):
-        """This thread's connection, made in this process, and whether it served before."""
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():  # a forked worker never uses its parent's
-            local.db, local.pid = None, os.getpid()
-        if local.db is not None and self.usable(local.db):
-            return local.db, True
-        self._close()
-        db = self.connect()
-        try:
-            self.setup(db)
-        except BaseException:
-            db.close()
-            raise
-        local.db = db
-        return db, False
-
-    def setup(self, db):
-        """Make the tables unless they exist; refuse a 'plants' table plantstore did not make."""
+    def setup(self, execute):
+        """Make the tables unless they exist; refuse a 'plants' table plantstore did not make.
+        execute(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
-            db.execute(statement)
-        columns = [column[0] for column in db.execute("SELECT * FROM plants LIMIT 0").description]
-        if columns != ["seq", "id", "name", "tag"]:
+            execute(statement)
+        rows = execute("SELECT * FROM plants LIMIT 0")
+        if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
             raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not make")
 
     def usable(self, db):
@@ -676,14 +709,12 @@ class SQLStore:
     def check(self, db):
         """Raise one of self.unavailable if what was just done cannot be trusted."""
 
-    def _close(self):
-        db, self._local.db = getattr(self._local, "db", None), None
+    def _close(self, db):
         with contextlib.suppress(Exception):
             db.close()
 
-    def _drop(self, error):
-        """Close this thread's connection after an error; say so once per outage."""
-        self._close()
+    def _outage(self, error):
+        """Say once per outage that the database is away."""
         if not self._away:
             self._away = True
             _log(f"the {self.shown} is unavailable: {self.describe(error)}")
@@ -724,12 +755,13 @@ class SQLiteStore(SQLStore):
             raise ValueError(f"{self.path} cannot be opened as a plantstore database: "
                              f"{self.describe(error)}") from None
 
-    def connect(self):
+    def connect(self, deadline):
         """A connection to the file, which must exist: a deleted one is not made anew."""
-        db = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=DB_WAIT_SECONDS,
+        db = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, factory=_SQLite,
+                             timeout=max(0, deadline - time.monotonic()), check_same_thread=False,
                              isolation_level=None)  # autocommit, but for BEGIN ... COMMIT
         db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
-        self._local.file = self._identity()
+        db.file = self._identity()
         return db
 
     def _identity(self):
@@ -740,8 +772,12 @@ class SQLiteStore(SQLStore):
 
     def check(self, db):
         # A file deleted or replaced under a running service: what was written, no one will read.
-        if self._identity() != self._local.file:
+        if self._identity() != db.file:
             raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while in use")
+
+
+class _SQLite(sqlite3.Connection):
+    file = None  # the file it opened, as (device, inode): SQLiteStore.check compares it
 
 
 class _WriteQueue:
@@ -803,51 +839,59 @@ class PostgresStore(SQLStore):
     def __init__(self, conninfo):
         self.parameters, shown = postgres_settings(conninfo)
         import psycopg  # the one dependency outside the standard library, for this store alone
-        self._psycopg, self._busy, self._pid = psycopg, {}, None
+        self._psycopg, self._watching = psycopg, None
         super().__init__(shown)
         self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
         try:
-            with contextlib.suppress(*self.unavailable):  # a database away at start: waited for
-                self.open_at_start()
+            self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
             raise ValueError(f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
                              "role needs CREATE on the schema to make plantstore's tables or, "
                              "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
                              "them") from None
+        except psycopg.Error as error:  # libpq checks its options' values before it connects
+            option = re.search(r'option "(\w+)"|invalid (\w+) value|bad value for (\w+)',
+                               str(error))
+            if option:  # named, never quoted: the value may be a password's neighbour
+                raise ValueError(f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
+                                 f"option {next(filter(None, option.groups()))}") from None
+            if not isinstance(error, self.unavailable):
+                raise
+            # The database is away at start: waited for, as any outage is.
 
-    def connect(self):
-        db = self._psycopg.connect(**{**self.BOUNDS, **self.parameters}, autocommit=True)
-        self._local.socket = socket.socket(fileno=os.dup(db.fileno()))  # for the watchdog
-        return db
+    def connect(self, deadline):
+        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's bound.
+        seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
+        return self._psycopg.connect(**{**self.BOUNDS, "connect_timeout": seconds,
+                                        **self.parameters}, autocommit=True)
 
-    def execute(self, db, sql, parameters):
-        if self._pid != os.getpid():  # the watchdog runs in the process that serves
-            self._pid = os.getpid()
-            threading.Thread(target=self._watch, name="plantstore-watchdog", daemon=True).start()
-        self._busy[threading.get_ident()] = self._local.deadline, self._local.socket
+    def execute(self, db, sql, parameters, deadline):
+        with self._lock:  # the watchdog sees each statement, with its request's deadline
+            if self._watching != os.getpid():  # one watchdog in each process that runs them
+                self._watching = os.getpid()
+                threading.Thread(target=self._watch, name="plantstore-watchdog",
+                                 daemon=True).start()
+            self._busy[db] = deadline
         try:
             return db.execute(_pyformat(sql), parameters)
         finally:
-            del self._busy[threading.get_ident()]
+            with self._lock:
+                del self._busy[db]
 
     def _watch(self):
         """Shut the connection of each statement past its deadline: its request answers 503."""
         while True:
             time.sleep(0.25)
-            now = time.monotonic()
-            for deadline, connection in list(self._busy.values()):  # a copy: no lock to hold
-                if deadline < now:
-                    with contextlib.suppress(OSError):
-                        connection.shutdown(socket.SHUT_RDWR)
+            with self._lock:  # held, so that no statement ends, and its socket closes, meanwhile
+                for db, deadline in self._busy.items():
+                    if deadline < time.monotonic():
+                        with contextlib.suppress(OSError), socket.socket(
+                                fileno=os.dup(db.fileno())) as connection:
+                            connection.shutdown(socket.SHUT_RDWR)
 
     def usable(self, db):
         # An idle connection has nothing to read: if it has, the server said goodbye (a restart).
         return not select.select([db.fileno()], [], [], 0)[0]
-
-    def _close(self):
-        with contextlib.suppress(Exception):
-            self._local.socket.close()
-        super()._close()
 
 
 def postgres_settings(conninfo):
@@ -1649,18 +1693,39 @@ def options_from_environ(environ=os.environ):
 
 
 def store_from_environ(environ=os.environ):
-    """The store PLANTSTORE_DB names: PostgreSQL, an SQLite file, or None (in memory)."""
+    """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a PostgreSQL URL,
+    a libpq string, an SQLite file's path; or None (in memory). The value is never quoted."""
     value = environ.get(DB_VARIABLE, "").strip()
-    scheme = re.match(r"([A-Za-z][\w+.-]*):", value)
-    scheme = scheme and scheme[1].lower()
-    if scheme in ("postgresql", "postgres") or re.match(r"\w+\s*=", value):  # host=... dbname=...
+    problem = db_mistake(value)
+    if problem:
+        raise ValueError(f"{DB_VARIABLE} {problem}; it takes {DB_FORMS}")
+    if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
         return PostgresStore(value)
-    if scheme == "sqlite" and value[7:10] == "///" and re.fullmatch(r"[^:?][^?]*", value[10:]):
+    if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
         value = value[10:]  # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
-    elif scheme or value.startswith(":"):  # mysql://, file:..., :memory:; not served
+    elif re.match(r"[A-Za-z][\w+.-]*:|:", value):  # mysql://, file:..., :memory:; not served
         raise ValueError(f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory")
     return SQLiteStore(value) if value else None
 
+
+def db_mistake(value):
+    """What makes PLANTSTORE_DB none of its forms, or None. A password may be in it: not quoted."""
+    if value.startswith("\ufeff"):
+        return "starts with a byte-order mark: save the file that sets it without one"
+    if value.startswith(("'", '"')):  # docker --env-file and systemd keep them
+        return "starts with a quote: remove the quotes around it"
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        return "holds a control character"
+    if re.match(r"[A-Za-z][\w+.-]*//", value):
+        return "looks like a URL without the ':' after its scheme"
+    if re.match("(?i)postgres(ql)?://", value):  # libpq's user-info ends at the first @ before a /
+        authority, _, path = value.partition("://")[2].partition("/")
+        user_info = authority.rpartition("@")[0]
+        if authority.count("@") > 1 or re.search("[?#]", user_info) or "@" in path.partition(
+                "?")[0] or "#" in value:  # else part of a password is shown, or it is cut short
+            return ("is not a well-formed PostgreSQL URL: in the user name and password, "
+                    "write @ as %40, / as %2F, ? as %3F and # as %23")
+    return None
 
 
 def unknown_settings(environ=os.environ):
