@@ -513,6 +513,7 @@ import socket
 import socketserver
 import sqlite3
 import time
+import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
@@ -967,7 +968,7 @@ class WebhookSender:
     # URL's due events, or, to probe a receiver that gave no answer, its oldest (due: any time).
     CLAIM = ("UPDATE plant_events SET lease = :lease WHERE lease <= :now AND seq IN (SELECT seq"
              " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
-             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts")
+             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts, next_at")
     RETRY = ("UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
              " WHERE seq = :seq")
     RELEASE = "UPDATE plant_events SET lease = 0 WHERE seq = :seq"
@@ -980,6 +981,7 @@ class WebhookSender:
         self._key = webhook_secret_key(secret)
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
         self._store = store if isinstance(store, SQLStore) else None  # None: the outbox in memory
+        self.outbox_is_sql = self._store is not None
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
         self._lock, self._pid, self._waiting = threading.Lock(), None, (0, 0)
@@ -1102,9 +1104,10 @@ class WebhookSender:
         signed = f"{webhook_id}.{timestamp}.".encode() + body
         signature = base64.b64encode(hmac.new(self._key, signed, hashlib.sha256).digest())
         parts = urlsplit(url)
-        kind = (http.client.HTTPSConnection if parts.scheme == "https"
-                else http.client.HTTPConnection)
-        connection = kind(parts.hostname, parts.port, timeout=self.TIMEOUT)
+        https = parts.scheme == "https"  # the port said: http.client reads [::1] as port 1
+        connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
+            parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
+        connection.response_class = _FinalResponse
         self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
             connection.request("POST", (parts.path or "/") + (parts.query and f"?{parts.query}"),
@@ -1113,14 +1116,14 @@ class WebhookSender:
                                       "webhook-signature": f"v1,{signature.decode()}"})
             status = connection.getresponse().status  # no redirect is followed: 3xx is no delivery
             return status if time.monotonic() < deadline else None  # cut: its headers never ended
-        except (OSError, http.client.HTTPException):
+        except Exception:  # refused, cut, garbled: no answer, retried on schedule like any other
             return None
         finally:
             del self._attempts[connection]
             connection.close()
 
     def _settle(self, event, probe, status):
-        seq, url, webhook_id, _, attempts = event
+        seq, url, webhook_id, _, attempts, due = event
         now = time.time()
         if status == 410 and url in self.urls:  # a new list: requests iterate the old one
             self.urls = [other for other in self.urls if other != url]
@@ -1130,7 +1133,7 @@ class WebhookSender:
             self.outbox(self.DONE, seq=seq)
             if self._failing.pop(url, None) is not None:  # through again: the others follow now
                 self.outbox(self.HURRY, now=now, url=url)
-        elif probe and status in (None, 502, 503, 504):  # still no answer: its schedule stays
+        elif probe and status in (None, 502, 503, 504) and due > now:  # its schedule stays
             self.outbox(self.RELEASE, seq=seq)
         else:
             if status in (None, 502, 503, 504):  # no answer from the receiver itself: probe it
@@ -1147,27 +1150,56 @@ class WebhookSender:
 
 
 def check_webhook_url(url):
-    """Return url if it can be delivered to: http(s), a host, a port that parses, no user-info."""
+    """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it can be
+    delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
         parts = urlsplit(url)
         good = (parts.scheme in ("http", "https") and parts.port != 0 and "@" not in parts.netloc
-                and re.fullmatch(r"[\w.:-]+", parts.hostname or "")
+                and re.fullmatch(r"[A-Za-z0-9_.:-]+", parts.hostname or "")
                 and not re.search(r"[\x00-\x20\x7f]", url))
     except ValueError:  # a port that is no number from 0 to 65535
         good = False
     if not good:  # the URL is not repeated: its query may hold a secret
         raise ValueError(f"each URL in {WEBHOOK_URL_VARIABLE} must be http:// or https://, with a "
-                         "host, a port from 1 to 65535 if any, and no user:password@ (never sent)")
-    return url
+                         "host in ASCII (xn-- for others), a port from 1 to 65535 if any, and no "
+                         "user:password@ (never sent)")
+    return quote(url, safe="".join(map(chr, range(33, 127))))  # UTF-8 %-escapes, ASCII as it is
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100 itself."""
+
+    def _read_status(self):
+        while True:
+            version, status, reason = super()._read_status()
+            if status >= 200:
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's headers: nothing to keep
 
 
 def with_webhooks(application, sender):
-    """The application, starting the sender in the process that serves, at its first request."""
+    """The application, starting the sender in the process that serves, at its first request if
+    not before: events that wait in a SQL outbox go at once from a process forked after the app
+    was built (gunicorn --preload's workers), and see built_in_a_worker() and main()."""
     def serve(environ, start_response):
         sender.start_here()
         return application(environ, start_response)
     application.on_create = sender.notify
+    if sender.outbox_is_sql:
+        start = weakref.WeakMethod(sender.start_here)  # a sender no longer used is not kept
+        os.register_at_fork(after_in_child=lambda: start() and start()())
     return serve
+
+
+def built_in_a_worker():
+    """Whether a server is building the app in the worker process that serves it (granian's
+    workers, gunicorn's without --preload), not in a master that forks workers next."""
+    frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
+    while frame and not (frame.f_code.co_name == "load_wsgi"
+                         and frame.f_globals["__name__"].startswith("gunicorn.")):
+        frame = frame.f_back
+    multiprocessing = sys.modules.get("multiprocessing")  # granian's workers are its children
+    return bool(frame or "granian" in sys.modules and multiprocessing.parent_process())
 
 
 def event_json(plant_id, name, tag):
@@ -1761,6 +1793,8 @@ def __getattr__(name):
             raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to "
                              "accept, comma-separated; plantstore never runs without them")
         app = app_from_environ()
+        if app.webhook_sender and built_in_a_worker():  # events from before the start go now
+            app.webhook_sender.start_here()
     except ValueError as problem:  # gunicorn prints its AppImportError in one line, and stops
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
         if "granian" in sys.modules and error is AttributeError:
@@ -1795,7 +1829,8 @@ def main(argv=None):
         if tokens is None:
             tokens = [secrets.token_urlsafe(32)]
             _log(f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}")
-        server = make_server(args.host, args.port, app_from_environ(tokens=tokens))
+        application = app_from_environ(tokens=tokens)
+        server = make_server(args.host, args.port, application)
     except ValueError as error:  # a bad setting: said in one line, and the server does not start
         _log(str(error))
         return 2
@@ -1805,6 +1840,8 @@ def main(argv=None):
     with server:
         host, port = server.server_address[:2]
         _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+        if application.webhook_sender:  # this process serves: events from before the start go now
+            application.webhook_sender.start_here()
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C; how systemd and containers stop it
             signal.signal(stop, _interrupt)  # SIGINT too: a shell's background job ignores it
         try:
