@@ -860,6 +860,32 @@ class PostgresStore(SQLStore):
                 raise
             # The database is away at start: waited for, as any outage is.
 
+    # What plantstore's own tables hold (pgloader or psql may make others): seq and id are
+    # unique and never NULL, and so a name is never NULL.
+    COLUMNS = ("SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
+               " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
+               " FROM pg_attribute"
+               " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')")
+    # A table filled with its seq values (a move with pgloader, a restore by hand) leaves its
+    # identity behind them, and each create would collide: moved past them, never back.
+    MOVE = ("SELECT setval(q.name, greatest(max, last_value)), max FROM (SELECT max(seq) FROM {0})"
+            " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
+            " WHERE format('%I.%I', schemaname, sequencename) = q.name"
+            " AND max > coalesce(last_value, 0)")
+
+    def setup(self, execute):
+        super().setup(execute)
+        for name, not_null, unique in execute(self.COLUMNS).fetchall():
+            if not not_null or name != "name" and not unique:
+                raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not "
+                                 f"make: its {name} column may hold " + ("NULL" if not not_null
+                                                                          else "duplicates"))
+        for table in "plants", "plant_events":
+            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):  # the owner's
+                for _, largest in execute(self.MOVE.format(table)).fetchall():
+                    _log(f"the identity of {table} was behind its largest seq, {largest}: "
+                         "moved past it")
+
     def connect(self, deadline):
         # libpq's connect_timeout is whole seconds, 2 at least: within a health check's bound.
         seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
@@ -874,6 +900,8 @@ class PostgresStore(SQLStore):
                                  daemon=True).start()
             self._busy[db] = deadline
         try:
+            if not parameters:  # psycopg reads no placeholder then: '::' and '%' stay as they are
+                return db.execute(sql)
             return db.execute(_pyformat(sql), parameters)
         finally:
             with self._lock:
