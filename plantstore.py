@@ -496,6 +496,7 @@ class Application:
 # ---- Optional parts: each section below plugs into the core above, which never names them ----
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import difflib
@@ -549,6 +550,10 @@ class SQLStore:
     made when none is free and dropped on its first error. While the database cannot be reached,
     requests answer 503 with Retry-After, and once it is back they succeed again, with no
     restart. The outage is logged once, and so is its end.
+
+    Creates are written by one thread per process, which takes every create waiting at that
+    moment: a batch shares one transaction and one flush to disk (group commit), where each
+    create alone would pay its own. There is no timer: a create that comes alone goes at once.
     """
 
     INSERT = ("INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
@@ -557,6 +562,8 @@ class SQLStore:
     DELETE = "DELETE FROM plants WHERE id = :id RETURNING seq"
     BEGIN = "BEGIN"
     POOL_SIZE = 8  # connections a process holds at most; a request waits for one, within its bound
+    BATCH, BATCH_BYTES = 64, 2**20  # the most creates, and bytes of names and tags, in one commit
+    ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
     unavailable = ()  # the driver's exceptions that mean "the database is away"
 
@@ -568,6 +575,7 @@ class SQLStore:
         self._asking = threading.Lock()  # held by the one health question in flight
         self._answer = 0.0, True  # when the last health answer came, and whether it was yes
         self._pid, self._ready, self._away, self._busy = None, False, False, {}
+        self._queued, self._writing = threading.Condition(), None  # creates for the writer of _pid
 
     def open_at_start(self):
         """Make the tables now, so that a database plantstore cannot use stops the start. No
@@ -580,14 +588,64 @@ class SQLStore:
             self._close(db)
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        """Store the plant and return True, or return False if the id is taken; never overwrite.
+        Its batch's commit is waited for, within DB_WAIT_SECONDS: a 200 means committed."""
+        create = concurrent.futures.Future()  # the writer sets its result: created or not
+        create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        create.size = len(create.plant[1]) + len(create.plant[2] or b"")
+        create.deadline = time.monotonic() + DB_WAIT_SECONDS
+        with self._queued:
+            if self._writing != os.getpid():  # the writer runs in the process that serves
+                self._writing, self._queue = os.getpid(), collections.deque()
+                threading.Thread(target=self._write_batches, name="plantstore-writer",
+                                 daemon=True).start()
+            self._queue.append(create)
+            self._queued.notify()
+        try:
+            return create.result(timeout=max(0, create.deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            create.cancel()  # left out of its batch, unless the batch took it: then it may be done
+            raise unavailable("the database") from None
+
+    def _write_batches(self):
+        """The writer: the creates queued at the moment, oldest first, up to the bounds."""
+        while True:
+            with self._queued:
+                self._queued.wait_for(lambda: self._queue)
+                batch, size = [], 0
+                while self._queue and len(batch) < self.BATCH and size < self.BATCH_BYTES:
+                    batch.append(self._queue.popleft())
+                    size += batch[-1].size
+            batch = [create for create in batch if create.set_running_or_notify_cancel()]
+            if batch:
+                self._write_batch(batch)
+
+    def _write_batch(self, batch):
+        """Write one batch, the plants and their events, in one commit, and answer each create."""
         def insert(run):
-            tag_bytes = None if tag is None else _utf8(tag)
-            created = bool(run(self.INSERT, id=plant_id, name=_utf8(name), tag=tag_bytes))
-            if created and self.on_create:
-                self.on_create(run, plant_id, name, tag)
+            created = self.insert(run, [create.plant for create in batch])
+            for create, new in zip(batch, created, strict=True):
+                if new and self.on_create:
+                    plant_id, name, tag = create.plant
+                    self.on_create(run, plant_id, _text(name), tag and _text(tag))
             return created
-        return self.session(insert, write=True, transaction=self.on_create is not None)
+        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement, atomic itself
+        wait = min(create.deadline for create in batch) - time.monotonic()
+        try:
+            created = self.session(insert, write=True, wait=wait,
+                                   transaction=bool(self.on_create) or several)
+        except Exception as error:  # nothing of the batch is acknowledged
+            for create in batch:
+                create.set_exception(unavailable("the database")
+                                     if isinstance(error, HTTPError) else error)
+        else:
+            for create, new in zip(batch, created, strict=True):
+                create.set_result(new)
+
+    def insert(self, run, plants):
+        """Insert (id, name, tag) rows in order; whether each was created (the first id wins)."""
+        return [bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
+                for plant_id, name, tag in plants]
 
     def ping(self):
         """The health check's question, one in flight per process at most: the checks that come
@@ -872,6 +930,21 @@ class PostgresStore(SQLStore):
             " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
             " WHERE format('%I.%I', schemaname, sequencename) = q.name"
             " AND max > coalesce(last_value, 0)")
+
+    ONE_STATEMENT = True
+    # A batch in one statement, one round trip: rows take their seq in the order they came.
+    INSERT_MANY = ("INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
+                   "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
+                   " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
+                   " ON CONFLICT (id) DO NOTHING RETURNING id")
+
+    def insert(self, run, plants):
+        if len(plants) == 1:
+            return super().insert(run, plants)
+        ids, names, tags = map(list, zip(*plants))
+        created = collections.Counter(row[0] for row in run(self.INSERT_MANY, ids=ids,
+                                                               names=names, tags=tags))
+        return [created.pop(plant_id, 0) > 0 for plant_id in ids]  # an id once, to the first
 
     def setup(self, execute):
         super().setup(execute)
