@@ -1,6 +1,6 @@
-"""plantstore:app, served by section 5 of bench_plantstore.py with the size of every batch counted.
+"""plantstore:app, with the size of every batch its SQL store writes counted (bench_plantstore.py).
 
-    BENCH_BATCHES=DIR gunicorn ... benchmarks.batch_sizes:app     (or granian, from the project's folder)
+    BENCH_BATCHES=DIR PYTHONPATH=benchmarks granian ... batch_sizes:app    (or gunicorn)
 
 With group commit, each serving process has one writer thread that writes every create waiting
 at that moment in one transaction: one call of SQLStore._write_batch(batch), one commit. This
@@ -32,7 +32,7 @@ def dump_every(seconds):
             text = json.dumps(sizes)
         with open(f"{path}.new", "w") as file:
             file.write(text)
-        os.replace(f"{path}.new", path)  # a reader sees the last whole count, never a half-written one
+        os.replace(f"{path}.new", path)  # a reader sees a whole count, never a half-written one
 
 
 def counting(write_batch):
@@ -40,15 +40,16 @@ def counting(write_batch):
         global writer
         with lock:
             sizes[len(batch)] += 1
-            if writer is None or writer[0] != os.getpid():  # the first batch of this process (servers fork)
-                writer = os.getpid(), threading.Thread(target=dump_every, args=[DUMP_SECONDS], daemon=True)
+            if writer is None or writer[0] != os.getpid():  # the first batch here (servers fork)
+                writer = os.getpid(), threading.Thread(target=dump_every, args=[DUMP_SECONDS],
+                                                       daemon=True)
                 writer[1].start()
         return write_batch(self, batch)
     return _write_batch
 
 
 for store in plantstore.SQLiteStore, plantstore.PostgresStore:
-    if hasattr(store, "_write_batch"):  # set on each class, so a subclass's super() call is not counted twice
+    if hasattr(store, "_write_batch"):  # on each class: a call of super()'s is not counted twice
         store._write_batch = counting(store._write_batch)
 
 app = plantstore.app

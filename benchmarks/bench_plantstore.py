@@ -5,10 +5,10 @@
 
 Needs `pip install -e '.[bench]'` (Falcon, gunicorn, granian) and, for the HTTP rows, `wrk`
 (Debian: `apt-get install wrk`); section 5 also runs `pgbench` (Debian: postgresql), and git.
-Contenders run in interleaved rounds, so that noise from the machine hits all of them alike (in process, they take turns every
-100 requests). Each figure is the median round, and each ratio the median of the
-ratios within a round: a slow minute of the machine slows both sides of a ratio,
-so it does not move it.
+Contenders run in interleaved rounds, so that noise from the machine hits all of them alike (in
+process, they take turns every 100 requests). Each figure is the median round, and each ratio
+the median of the ratios within a round: a slow minute of the machine slows both sides of a
+ratio, so it does not move it.
 
 1. In process: microseconds per valid POST /plants through the WSGI callable, for
    plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
@@ -77,12 +77,13 @@ def ceiling(environ, start_response):
     """The least a WSGI app can do here: read the body, answer a constant JSON."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
     environ["wsgi.input"].read(length)
-    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(CEILING_BODY)))])
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(CEILING_BODY)))])
     return [CEILING_BODY]
 
 
 def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
-    """POST /plants in Falcon's idiom, with plantstore's behaviour: same checks, statuses and bodies."""
+    """POST /plants in Falcon's idiom, with plantstore's checks, statuses and bodies."""
     import hmac
 
     import falcon
@@ -94,8 +95,8 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
         def on_post(self, req, resp):
             scheme, _, token = (req.auth or "").partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise plantstore.HTTPError(401, "a bearer token is required",
-                                           headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')])
+                raise plantstore.HTTPError(401, "a bearer token is required", headers=[
+                    ("WWW-Authenticate", 'Bearer realm="plantstore"')])
             sent = token.strip().encode("latin-1", "replace")
             if not sum(hmac.compare_digest(sent, good) for good in accepted):
                 raise plantstore.HTTPError(401, "the bearer token is not valid", headers=[
@@ -105,13 +106,14 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
                 raise plantstore.HTTPError(415, "Content-Type must be application/json",
                                            headers=[("Accept", "application/json")])
             if (req.content_length or 0) > max_body_bytes:
-                raise plantstore.HTTPError(413, f"request body is larger than {max_body_bytes} bytes")
+                raise plantstore.HTTPError(
+                    413, f"request body is larger than {max_body_bytes} bytes")
             plant_id, name, tag = plantstore.read_new_plant(req.bounded_stream.read())
             if not store.add(plant_id, name, tag):
                 raise plantstore.HTTPError(409, "a plant with this 'id' already exists")
             resp.media = {"name": name} if tag is None else {"name": name, "tag": tag}
 
-    def render(req, resp, error, params):
+    def render(req, resp, error, params):  # noqa: ARG001 (Falcon's signature for error handlers)
         resp.status = error.status
         resp.media = {"error": error.status, "message": error.message}
         for name, value in error.headers:
@@ -146,10 +148,11 @@ def request_environs(first_id, count):
     for plant_id in range(first_id, first_id + count):
         body = b'{"id": %d, "name": "Fern", "tag": "indoor"}' % plant_id
         environs.append({
-            "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/plants", "QUERY_STRING": "",
-            "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
-            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
-            "HTTP_AUTHORIZATION": f"Bearer {TOKEN}", "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
+            "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/plants",
+            "QUERY_STRING": "", "SERVER_NAME": "localhost", "SERVER_PORT": "80",
+            "SERVER_PROTOCOL": "HTTP/1.1", "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)), "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
             "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
             "wsgi.multiprocess": False, "wsgi.run_once": False, "wsgi.input_terminated": True,
         })
@@ -157,7 +160,8 @@ def request_environs(first_id, count):
 
 
 def time_round(apps, first_id, count, batch=100):
-    """Return {name: microseconds per request} over `count` valid creates each; fail unless all were 200.
+    """Return {name: microseconds per request} over `count` valid creates each; fail unless all
+    were 200.
 
     The contenders take turns every `batch` requests, in an order that rotates, so that a burst of
     noise from the machine lands on all of them alike. Environs are built per batch outside the
@@ -165,12 +169,13 @@ def time_round(apps, first_id, count, batch=100):
     would be cold in the cache when their turn came.
     """
     statuses = []
-    start_response = lambda status, headers, exc_info=None: statuses.append(status)  # noqa: E731
+    start_response = lambda status, *_: statuses.append(status)  # noqa: E731
     clock = time.perf_counter
     names, elapsed = list(apps), dict.fromkeys(apps, 0.0)
     for turn, start in enumerate(range(first_id, first_id + count, batch)):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
-            environs, application = request_environs(start, min(batch, first_id + count - start)), apps[name]
+            environs = request_environs(start, min(batch, first_id + count - start))
+            application = apps[name]
             begin = clock()
             for environ in environs:
                 b"".join(application(environ, start_response))
@@ -181,17 +186,20 @@ def time_round(apps, first_id, count, batch=100):
 
 
 def bench_in_process(processes, rounds, per_round):
-    """Per contender, microseconds per valid create and the ratios to the ceiling and to plantstore.
+    """Per contender, microseconds per valid create, and the ratios to the ceiling and plantstore.
 
     The rounds run in several fresh processes, one after another, as pyperf does: where a process
     happens to lay out its memory, and its hash seed, move the figures by a few percent.
     """
     if not falcon_installed():
-        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.", file=sys.stderr)
+        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.",
+              file=sys.stderr)
     samples = []
     for _ in range(processes):
-        worker = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--per-round", str(per_round)]
-        samples += json.loads(subprocess.run(worker, stdout=subprocess.PIPE, text=True, check=True).stdout)
+        worker = [sys.executable, __file__, "--worker", "--rounds", str(rounds),
+                  "--per-round", str(per_round)]
+        samples += json.loads(subprocess.run(worker, stdout=subprocess.PIPE, text=True,
+                                             check=True).stdout)
     return {name: (value, ratio, median_ratio(samples, name, "plantstore"))
             for name, (value, ratio) in summarize(samples, "ceiling").items()}
 
@@ -200,7 +208,8 @@ def in_process_rounds(rounds, per_round):
     """The rounds of one process: a list of {contender: microseconds per request}."""
     apps = {name: build() for name, build in in_process_contenders().items()}
     time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
-    return [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
+    return [time_round(apps, round_number * per_round, per_round)
+            for round_number in range(rounds)]
 
 
 def median_ratio(samples, name, baseline):
@@ -209,8 +218,9 @@ def median_ratio(samples, name, baseline):
 
 
 def summarize(samples, baseline):
-    """{name: (median figure, median ratio to baseline)} from a list of rounds, each {name: figure}."""
-    return {name: (statistics.median(sample[name] for sample in samples), median_ratio(samples, name, baseline))
+    """{name: (median figure, median ratio to baseline)} from rounds, each {name: figure}."""
+    return {name: (statistics.median(sample[name] for sample in samples),
+                   median_ratio(samples, name, baseline))
             for name in samples[0]}
 
 
@@ -224,9 +234,11 @@ function setup(thread) thread:set("slot", threads); threads = threads + 1 end
 function init() counter = base + slot * 100000000 end
 function request()
   counter = counter + 1
-  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14, which repeats ids
-  return wrk.format("POST", "/plants", {["Content-Type"] = "application/json", ["Authorization"] = auth},
+  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14: ids repeat
+  return wrk.format("POST", "/plants",
+                    {["Content-Type"] = "application/json", ["Authorization"] = auth},
                     string.format('{"id": %d, "name": "Fern", "tag": "indoor"}', counter))
+
 end
 """
 
@@ -252,9 +264,11 @@ def wait_for_port(port, process, seconds=30):
 
 # The servers' flags per store, in one place: the README's recipes for gunicorn, and those of
 # deploy/plantstore-granian.service (docs/granian.md) for granian. Change them here to measure
-# others: the output says when granian's differ from the unit's. With group commit, a batch in one
-# process holds at most as many creates as that process has threads.
-GUNICORN = {"memory": "-w 1 --threads 8", "sqlite": "-w 2 --threads 4", "postgres": "-w 2 --threads 4"}
+# others: the output says when granian's differ from the unit's. With group commit, a batch in
+# one process holds at most as many creates as that process has threads.
+GUNICORN = {"memory": "-w 1 --threads 8",
+            "sqlite": "-w 2 --threads 4",
+            "postgres": "-w 2 --threads 4"}
 GRANIAN = {"memory": "--workers 1 --blocking-threads 8 --runtime-mode st",
            "sqlite": "--workers 2 --blocking-threads 2 --runtime-mode st",
            "postgres": "--workers 2 --blocking-threads 8 --runtime-mode st"}
@@ -262,22 +276,27 @@ STORE_NAMES = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 def gunicorn_command(store, port, app="plantstore:app", pythonpath=HERE.parent):
-    return [sys.executable, "-m", "gunicorn", *GUNICORN[store].split(), "-k", "gthread", "-b", f"127.0.0.1:{port}",
-            "--log-level", "warning", "--pythonpath", str(pythonpath), app]
+    return [sys.executable, "-m", "gunicorn", *GUNICORN[store].split(), "-k", "gthread",
+            "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(pythonpath),
+            app]
 
 
 def granian_command(store, port, app="plantstore:app"):
-    """granian as deploy/plantstore-granian.service runs it, with GRANIAN's flags for the store; from the cwd."""
-    return [sys.executable, "-m", "granian", "--interface", "wsgi", "--http", "1", "--no-ws", "--host", "127.0.0.1",
-            "--port", str(port), *GRANIAN[store].split(), "--log-level", "warning", app]
+    """granian as deploy/plantstore-granian.service runs it, with GRANIAN's flags for the store."""
+    return [sys.executable, "-m", "granian", "--interface", "wsgi", "--http", "1", "--no-ws",
+            "--host", "127.0.0.1", "--port", str(port), *GRANIAN[store].split(),
+            "--log-level", "warning", app]
 
 
 def server_label(server, store):
-    """gunicorn's flags as written, granian's as docs/granian.md names them (w2 bt8 st: 2 workers, 8 threads)."""
+    """gunicorn's flags as written; granian's as docs/granian.md names them: w2 bt8 st is
+    --workers 2 --blocking-threads 8 --runtime-mode st."""
     if server == "gunicorn":
         return f"gunicorn {GUNICORN[store]}"
-    short = {"workers": "w", "blocking-threads": "bt", "runtime-threads": "rt", "backpressure": "bp", "runtime-mode": ""}
-    return "granian " + re.sub(r"--([\w-]+) (\w+)", lambda m: short[m[1]] + m[2] if m[1] in short else m[0],
+    short = {"workers": "w", "blocking-threads": "bt", "runtime-threads": "rt",
+             "backpressure": "bp", "runtime-mode": ""}
+    return "granian " + re.sub(r"--([\w-]+) (\w+)",
+                               lambda m: short[m[1]] + m[2] if m[1] in short else m[0],
                                GRANIAN[store])
 
 
@@ -287,12 +306,13 @@ def unlike_the_unit():
     lines = {"memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
              "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
              "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$"}
-    return [store for store, line in lines.items()
-            if not (found := re.search(line, unit, re.MULTILINE)) or f" {GRANIAN[store]} " not in f" {found[1]} "]
+    found = {store: re.search(line, unit, re.MULTILINE) for store, line in lines.items()}
+    return [store for store in lines
+            if not found[store] or f" {GRANIAN[store]} " not in f" {found[store][1]} "]
 
 
 def server_environ(db=None, **more):
-    """The environment of a server: the token, the store (None: in memory), and nothing that overrides a flag."""
+    """A server's environment: the token, the store (None: in memory), no flag's override."""
     env = {name: value for name, value in os.environ.items()
            if name not in ("WEB_CONCURRENCY", "PLANTSTORE_DB") and not name.startswith("GRANIAN_")}
     return {**env, "PLANTSTORE_TOKENS": TOKEN, **({"PLANTSTORE_DB": db} if db else {}), **more}
@@ -300,8 +320,8 @@ def server_environ(db=None, **more):
 
 def spawn(args, port, env, cwd=HERE.parent):
     """Start a server and return its process once it listens on port."""
-    process = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, process)
     return process
 
@@ -309,26 +329,29 @@ def spawn(args, port, env, cwd=HERE.parent):
 def start_server(kind, port, db_path):
     if kind == "sqlite":
         args = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4", "-k", "gthread",
-                "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
-                "plantstore:app"]
+                "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+                "--pythonpath", str(HERE.parent), "plantstore:app"]
         return spawn(args, port, server_environ(db_path))
     if kind == "embedded":
-        return spawn([sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)], port,
-                     server_environ())
+        args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
+        return spawn(args, port, server_environ())
     if kind.startswith("granian"):  # the in-memory flags: plantstore, or the ceiling app
         app = "plantstore:app" if kind == "granian" else f"{Path(__file__).resolve()}:ceiling"
         return spawn(granian_command("memory", port, app), port, server_environ())
     app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
-    return spawn(gunicorn_command("memory", port, app, pythonpath=f"{HERE.parent},{HERE}"), port,
-                 server_environ())
+    args = gunicorn_command("memory", port, app, pythonpath=f"{HERE.parent},{HERE}")
+    return spawn(args, port, server_environ())
 
 
 def run_wrk(port, script, seconds, connections, id_base, latencies=None):
-    """Requests per second, non-2xx answers and socket errors; with a dict, also its mean, p50, p99 and max in ms."""
+    """Requests per second, non-2xx answers and socket errors; with a dict, also the mean, p50, p99
+    and longest latency ("max"), in ms."""
     env = {**os.environ, "BENCH_TOKEN": TOKEN, "BENCH_ID_BASE": str(id_base)}
-    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency", "-s", script,
-                          f"http://127.0.0.1:{port}/plants"], env=env, capture_output=True, text=True,
-                         timeout=seconds + 60, check=True).stdout
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
+                          "--latency", "-s", script, f"http://127.0.0.1:{port}/plants"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 60,
+                         check=True).stdout
+
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
     non_2xx = int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
@@ -336,7 +359,8 @@ def run_wrk(port, script, seconds, connections, id_base, latencies=None):
         mean, _, longest = re.search(r"Latency\s+([\d.]+\w+)\s+(\S+)\s+([\d.]+\w+)", out).groups()
         latencies.update(mean=milliseconds(mean), max=milliseconds(longest))
         for name, percent in ("p50", "50"), ("p99", "99"):
-            latencies[name] = milliseconds(re.search(rf"^\s+{percent}%\s+([\d.]+\w+)", out, re.MULTILINE)[1])
+            found = re.search(rf"^\s+{percent}%\s+([\d.]+\w+)", out, re.MULTILINE)
+            latencies[name] = milliseconds(found[1])
     return rps, non_2xx, errors
 
 
@@ -347,7 +371,8 @@ def milliseconds(text):
 
 
 def bench_http(rounds, seconds, connections, db_path):
-    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers; and granian's own ratios."""
+    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers; and
+    granian's own ratios."""
     kinds = ["plantstore", "ceiling", "granian", "granian-ceiling", "embedded", "sqlite"]
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
@@ -358,10 +383,12 @@ def bench_http(rounds, seconds, connections, db_path):
         for kind in kinds:
             servers[kind] = (port := free_port()), start_server(kind, port, db_path)
         for round_number in range(rounds):
-            # Each pair a ratio is about runs back to back, each first every other round; then the rest.
+            # Each pair a ratio is about runs back to back, each first every other round; then
+            # the rest.
             flip = 1 if round_number % 2 else -1
             samples.append({})
-            for kind in ["plantstore", "ceiling"][::flip] + ["granian", "granian-ceiling"][::flip] + ["embedded", "sqlite"]:
+            for kind in (["plantstore", "ceiling"][::flip] + ["granian", "granian-ceiling"][::flip]
+                         + ["embedded", "sqlite"]):
                 port = servers[kind][0]
                 rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
                                                id_base=(round_number + 1) * 10**12)
@@ -372,7 +399,9 @@ def bench_http(rounds, seconds, connections, db_path):
             process.terminate()
             process.wait(30)
         os.unlink(script.name)
-    rates = {kind: (rps, ratio, bad[kind]) for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+    rates = {kind: (rps, ratio, bad[kind])
+             for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+
     granian = {"vs gunicorn": median_ratio(samples, "granian", "plantstore"),
                "vs its ceiling": median_ratio(samples, "granian", "granian-ceiling"),
                "ceilings": median_ratio(samples, "granian-ceiling", "ceiling")}
@@ -386,16 +415,17 @@ def bench_memory(plants):
     store = plantstore.PlantStore()
     application = plantstore.make_app([TOKEN], store=store)
     tags = ["indoor", "outdoor", "succulent", "fern", "herb"]
-    start_response = lambda status, headers, exc_info=None: None  # noqa: E731
+    start_response = lambda *_: None  # noqa: E731
     environ = request_environs(0, 1)[0]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for plant_id in range(plants):
-        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (plant_id, plant_id, tags[plant_id % 5].encode())
+        tag = tags[plant_id % 5].encode()
+        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (plant_id, plant_id, tag)
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         application(environ, start_response)
-    environ = body = None
+    environ = body = tag = None
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert len(store._seq) == plants
@@ -408,16 +438,19 @@ def bench_stores(rounds, per_round, db_path):
     """Creates per second through the application, in-memory store against SQLite, interleaved."""
     apps = {"memory": plantstore.make_app([TOKEN]),
             "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path))}
-    samples = [{name: 1e6 / micros for name, micros in time_round(apps, round_number * per_round, per_round).items()}
+    samples = [{name: 1e6 / micros
+                for name, micros in time_round(apps, round_number * per_round, per_round).items()}
                for round_number in range(rounds)]
+
     return summarize(samples, "memory")
 
 
 # ---- 5. Durable creates over HTTP: PostgreSQL, SQLite, memory ----
 
-LOADED = [(store, server) for server in ("gunicorn", "granian") for store in ("memory", "sqlite", "postgres")]
-PGBENCH = ("postgres", "pgbench")  # the database's own rate at the same inserts, without plantstore
-LOW_LOAD = [(store, server) for store in ("sqlite", "postgres") for server in ("gunicorn", "granian")]
+SERVERS = ("gunicorn", "granian")
+LOADED = [(store, server) for server in SERVERS for store in ("memory", "sqlite", "postgres")]
+PGBENCH = ("postgres", "pgbench")  # the database's own rate at the same inserts, without HTTP
+LOW_LOAD = [(store, server) for store in ("sqlite", "postgres") for server in SERVERS]
 BARS = [  # (row, against, the bar of issue 31 or None), as median ratios within a round
     (("postgres", "granian"), PGBENCH, 0.75),
     (("sqlite", "granian"), ("memory", "granian"), 0.3),
@@ -437,13 +470,15 @@ INSERT INTO plants (id, name, tag) VALUES (:id, '\x4665726e'::bytea, '\x696e646f
 
 
 def run_pgbench(postgres, script, seconds, clients):
-    """Transactions per second of pgbench with this script: clients sessions, 2 threads, prepared."""
+    """Transactions per second of pgbench with this script: `clients` sessions, 2 threads."""
     env = {**os.environ, "PGPASSWORD": postgres.password}  # never on the command line
-    binary = shutil.which("pgbench") or max(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench")
-    out = subprocess.run([binary, "-n", "-c", str(clients), "-j", "2", "-M", "prepared", "-T", str(seconds),
-                          "-f", script, "-h", "127.0.0.1", "-p", str(postgres.port), "-U", "plantstore",
-                          "plantstore"],
-                         env=env, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+    binary = (shutil.which("pgbench")
+              or max(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench"))
+    out = subprocess.run([binary, "-n", "-c", str(clients), "-j", "2", "-M", "prepared",
+                          "-T", str(seconds), "-f", script, "-h", "127.0.0.1",
+                          "-p", str(postgres.port), "-U", "plantstore", "plantstore"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 60,
+                         check=True).stdout
     return float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)[1])
 
 
@@ -461,23 +496,24 @@ def baseline_source(ref, folder):
 
 
 def xmin_batches(url):
-    """{batch size: batches} in a PostgreSQL database: the rows one transaction inserted share its xmin."""
+    """{batch size: batches} in a PostgreSQL database: a transaction's rows share its xmin."""
     import psycopg
 
     with psycopg.connect(url) as connection:
         return Counter(dict(connection.execute(
-            "SELECT size, count(*) FROM (SELECT count(*) AS size FROM plants GROUP BY xmin) AS batches"
-            " GROUP BY size")))
+            "SELECT size, count(*) FROM (SELECT count(*) AS size FROM plants GROUP BY xmin)"
+            " AS batches GROUP BY size")))
 
 
 def counted_batches(folder, store_class):
-    """{batch size: batches} that benchmarks/batch_sizes.py counted in a server's processes, one per
-    call of _write_batch; None for a plantstore without that method (before group commit)."""
+    """{batch size: batches} that benchmarks/batch_sizes.py counted in a server's processes, one
+    per call of _write_batch; None for a plantstore without that method (before group commit)."""
     if not hasattr(store_class, "_write_batch"):
         return None
     counts = Counter()
     for path in glob.glob(os.path.join(folder, "*.json")):
-        counts.update({int(size): batches for size, batches in json.loads(Path(path).read_text()).items()})
+        counts.update({int(size): batches
+                       for size, batches in json.loads(Path(path).read_text()).items()})
     return counts
 
 
@@ -490,19 +526,20 @@ def batch_figures(counts):
 
 
 def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baseline, workdir):
-    """Section 5, in two parts. Loaded: every store under each server at `connections` connections,
-    and pgbench with as many clients, in interleaved rounds, each first in turn; then the sizes of
-    the batches each SQL row wrote. Low load: each SQL store under each server at one connection,
-    beside the same server running plantstore.py as it was at git `baseline` (empty: alone), the
-    two back to back, each first every other round. Every server has a database of its own: the
-    stores grow alike, and no id is another's."""
+    """Section 5, in two parts. Loaded: every store under each server at `connections`
+    connections, and pgbench with as many clients, in interleaved rounds, each first in turn;
+    then the sizes of the batches each SQL row wrote. Low load: each SQL store under each server
+    at one connection, beside the same server running plantstore.py as it was at git `baseline`
+    (empty: alone), the two back to back, each first every other round. Every server has a
+    database of its own: the stores grow alike, and no id is another's."""
     sys.path.insert(0, str(HERE.parent))
     import psycopg
-    from test_plantstore import Postgres  # the tests' own server: initdb and pg_ctl in a temporary folder
+    from test_plantstore import Postgres  # the tests' own: initdb and pg_ctl in a temporary folder
 
     postgres = Postgres(durable=True)
-    script, insert_script = os.path.join(workdir, "creates.lua"), os.path.join(workdir, "insert.sql")
+    script = os.path.join(workdir, "creates.lua")
     Path(script).write_text(WRK_SCRIPT)
+    insert_script = os.path.join(workdir, "insert.sql")
     Path(insert_script).write_text(PGBENCH_SCRIPT)
     old = os.path.join(workdir, "baseline")
     version = baseline_source(baseline, old) if baseline else None
@@ -521,7 +558,8 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
             args = gunicorn_command(store, port, app, pythonpath=folder)
         else:
             args = granian_command(store, port, app)
-        processes.append(spawn(args, port, server_environ(databases.get(row), **environ), cwd=folder))
+        env = server_environ(databases.get(row), **environ)
+        processes.append(spawn(args, port, env, cwd=folder))
 
     try:
         for row in LOADED:
@@ -530,12 +568,13 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
             else:  # served by benchmarks/batch_sizes.py, which counts the creates of each commit
                 counters[row] = os.path.join(workdir, f"batches{len(processes)}")
                 os.makedirs(counters[row])
-                start(row, app="batch_sizes:app", BENCH_BATCHES=counters[row], PYTHONPATH=str(HERE))
+                start(row, app="batch_sizes:app", BENCH_BATCHES=counters[row],
+                      PYTHONPATH=str(HERE))
         for row in LOW_LOAD:  # servers of their own, on plantstore now and at the baseline
             start((*row, "now"))
             if version:
                 start((*row, "baseline"), folder=old)
-        with psycopg.connect(postgres.url, autocommit=True) as connection:  # pgbench's table: plantstore's
+        with psycopg.connect(postgres.url, autocommit=True) as connection:  # pgbench's table
             for statement in plantstore.PostgresStore.schema:
                 connection.execute(statement)
 
@@ -550,7 +589,8 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
                     continue
                 latencies = {}
                 rps, non_2xx, errors = run_wrk(ports[row], script, seconds, connections,
-                                               id_base=(round_number + 1) * 10**12, latencies=latencies)
+                                               id_base=(round_number + 1) * 10**12,
+                                               latencies=latencies)
                 loaded[-1][row] = rps
                 worst[row] = {"p99": max(worst[row]["p99"], latencies["p99"]),
                               "max": max(worst[row]["max"], latencies["max"]),
@@ -558,11 +598,12 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
         time.sleep(1)  # each serving process writes its counts every half second
         batches = {}
         for row, folder in counters.items():
-            store_class = plantstore.SQLiteStore if row[0] == "sqlite" else plantstore.PostgresStore
+            store_class = {"sqlite": plantstore.SQLiteStore,
+                           "postgres": plantstore.PostgresStore}[row[0]]
             batches[row] = {"counted": counted_batches(folder, store_class),
                             "xmin": xmin_batches(databases[row]) if row[0] == "postgres" else None}
 
-        low = []  # one {row: its latencies in ms, and its bad answers} per round
+        low = []  # one {server: its latencies in ms, and its bad answers} per round
         for round_number in range(low_rounds):
             low.append({})
             turn = round_number % len(LOW_LOAD)
@@ -571,7 +612,8 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
                 for server in pair[::1 if round_number % 2 else -1]:
                     latencies = {}
                     _, non_2xx, errors = run_wrk(ports[server], script, low_seconds, 1,
-                                                 id_base=(round_number + 1) * 10**12, latencies=latencies)
+                                                 id_base=(round_number + 1) * 10**12,
+                                                 latencies=latencies)
                     low[-1][server] = {**latencies, "bad": non_2xx + errors}
     finally:
         for process in processes:
@@ -584,77 +626,90 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
 
 def print_durable(results, args):
     """Section 5's two tables, the ratios of issue 31's bars, and how each figure was taken."""
-    loaded, worst, batches, low = results["loaded"], results["worst"], results["batches"], results["low"]
+    loaded, worst, batches = results["loaded"], results["worst"], results["batches"]
 
     def label(row):
         if row == PGBENCH:
             return f"PostgreSQL, pgbench -c {args.connections}"
         return f"{STORE_NAMES[row[0]]}, {server_label(row[1], row[0])}"
 
-    print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections} unique creates, {args.durable_rounds} "
-          f"interleaved rounds of {args.durable_seconds} s; requests/s is the median round, vs memory the "
-          f"median ratio within a round to the in-memory store under the same server, p99 the worst "
-          f"round's, max the longest wait; a batch is the creates written by one commit:")
-    print(f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  {'max ms':>7}  "
-          f"{'non-2xx/err':>11}  {'batch median':>12} {'mean':>5} {'max':>4}")
+    print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections} unique creates, "
+          f"{args.durable_rounds} interleaved rounds of {args.durable_seconds} s; requests/s is "
+          f"the median round, vs memory the median ratio within a round to the in-memory store "
+          f"under the same server, p99 the worst round's, max the longest wait; a batch is the "
+          f"creates written by one commit:")
+    print(f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  "
+          f"{'max ms':>7}  {'non-2xx/err':>11}  {'batch median':>12} {'mean':>5} {'max':>4}")
     for row in LOADED:
-        line = (f"  {label(row):<38} {statistics.median(sample[row] for sample in loaded):>10.0f}  "
-                f"{median_ratio(loaded, row, ('memory', row[1])):>8.3f}x  {worst[row]['p99']:>7.1f}  "
-                f"{worst[row]['max']:>7.1f}  {worst[row]['bad']:>11}")
+        rps = statistics.median(sample[row] for sample in loaded)
+        line = (f"  {label(row):<38} {rps:>10.0f}  "
+                f"{median_ratio(loaded, row, ('memory', row[1])):>8.3f}x  "
+                f"{worst[row]['p99']:>7.1f}  {worst[row]['max']:>7.1f}  {worst[row]['bad']:>11}")
         if row in batches:
-            line += "  " + batch_figures(batches[row]["xmin" if row[0] == "postgres" else "counted"])
+            line += "  " + batch_figures(batches[row]["counted" if row[0] == "sqlite" else "xmin"])
         print(line)
-    print(f"  {label(PGBENCH):<38} {statistics.median(sample[PGBENCH] for sample in loaded):>10.0f}  "
-          f"(inserts/s of the same rows, one transaction each, no HTTP)")
-    print("  batches: PostgreSQL's read from its database after the rounds (the rows of one transaction "
-          "share xmin); SQLite's counted in the serving processes, one per call of SQLStore._write_batch "
-          "(benchmarks/batch_sizes.py)" + ("" if hasattr(plantstore.SQLiteStore, "_write_batch")
-                                           else ", which this plantstore has not: n/a"))
+    rps = statistics.median(sample[PGBENCH] for sample in loaded)
+    print(f"  {label(PGBENCH):<38} {rps:>10.0f}  (inserts/s of the same rows, one transaction "
+          f"each, no HTTP)")
+    print("  batches: PostgreSQL's read from its database after the rounds (the rows of one "
+          "transaction share xmin); SQLite's counted in the serving processes, one per call of "
+          "SQLStore._write_batch (benchmarks/batch_sizes.py)"
+          + ("" if hasattr(plantstore.SQLiteStore, "_write_batch")
+             else ", which this plantstore has not: n/a"))
     for row in LOADED:
         if row[0] == "postgres" and batches[row]["counted"] is not None:
             median, mean, largest = batch_figures(batches[row]["counted"]).split()
-            print(f"  {label(row)}, its batches counted as SQLite's are: median {median}, mean {mean}, "
-                  f"largest {largest}")
+            print(f"  {label(row)}, its batches counted as SQLite's are: median {median}, "
+                  f"mean {mean}, largest {largest}")
     print("  the issue's bars, median ratios within a round:")
     for row, against, bar in BARS:
         ratio = median_ratio(loaded, row, against)
         verdict = f"  bar >= {bar}: {'met' if ratio >= bar else 'NOT met'}" if bar else ""
         print(f"    {label(row) + ' / ' + label(against):<72} {ratio:>6.2f}x{verdict}")
     if differ := unlike_the_unit():
-        print(f"  granian's flags for {', '.join(STORE_NAMES[store] for store in differ)} are not those of "
-              f"deploy/plantstore-granian.service (GRANIAN in benchmarks/bench_plantstore.py)")
-    if low:
-        print_low_load(low, results["version"], label, args)
+        print(f"  granian's flags for {', '.join(STORE_NAMES[store] for store in differ)} are not "
+              f"those of deploy/plantstore-granian.service (GRANIAN in this file)")
+    if results["low"]:
+        print_low_load(results["low"], results["version"], label, args)
 
 
 def print_low_load(low, version, label, args):
     """The low-load table: each row's median round, and its median ratios to the baseline's."""
-    print(f"\nLow load, wrk -t1 -c1, one create at a time: {args.low_rounds} interleaved rounds of "
-          f"{args.low_seconds} s; the median round's latencies", end="")
+    print(f"\nLow load, wrk -t1 -c1, one create at a time: {args.low_rounds} interleaved rounds "
+          f"of {args.low_seconds} s; the median round's latencies", end="")
     if version:
         print(f", and the median ratio within a round to the same server on plantstore {version} "
-              f"(git {args.baseline[:12]}), run back to back with it, each first every other round (the "
-              f"issue's bar: at most {LOW_LOAD_BAR:.2f}x):")
+              f"(git {args.baseline[:12]}), run back to back with it, each first every other "
+              f"round (the issue's bar: at most {LOW_LOAD_BAR:.2f}x):")
+    elif args.baseline:
+        print(f" (no baseline: git showed no plantstore.py at {args.baseline}):")
     else:
-        print(f" (no baseline: {'git showed no plantstore.py at ' + args.baseline if args.baseline else 'none'}):")
-    print(f"  {'store, server':<38} {'mean ms':>7}  {'p50 ms':>7}  {'p99 ms':>7}  {'non-2xx/err':>11}"
+        print(":")
+    print(f"  {'store, server':<38} {'mean ms':>7}  {'p50 ms':>7}  {'p99 ms':>7}  "
+          f"{'non-2xx/err':>11}"
           + (f"  {'vs ' + version + ': mean':>17}  {'p50':>6}  {'p99':>6}" if version else ""))
     for row in LOW_LOAD:
         now, then = (*row, "now"), (*row, "baseline")
         for server in [now, then] if version else [now]:
-            print(f"  {label(row) if server == now else '  the same on ' + version:<38} "
-                  + "  ".join(f"{statistics.median(sample[server][name] for sample in low):>7.2f}"
-                              for name in ("mean", "p50", "p99"))
-                  + f"  {sum(sample[server]['bad'] for sample in low):>11}"
-                  + ("".join(f"  {statistics.median(sample[now][name] / sample[then][name] for sample in low):>{width}.2f}x"
-                             for name, width in (("mean", 16), ("p50", 5), ("p99", 5)))
-                     if version and server == now else ""))
+            figures = [statistics.median(sample[server][name] for sample in low)
+                       for name in ("mean", "p50", "p99")]
+            line = (f"  {label(row) if server == now else '  the same on ' + version:<38} "
+                    f"{figures[0]:>7.2f}  {figures[1]:>7.2f}  {figures[2]:>7.2f}  "
+                    f"{sum(sample[server]['bad'] for sample in low):>11}")
+            if version and server == now:
+                for name, width in ("mean", 16), ("p50", 5), ("p99", 5):
+                    ratio = statistics.median(sample[now][name] / sample[then][name]
+                                              for sample in low)
+
+                    line += f"  {ratio:>{width}.2f}x"
+            print(line)
 
 
 # ---- 6. Listing at size ----
 
 def bench_listing(plants):
-    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB and longest create gap."""
+    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB and the
+    longest gap between creates made meanwhile."""
     application = None
 
     def page_micros(store, repeat=2000):
@@ -662,7 +717,7 @@ def bench_listing(plants):
         application = plantstore.make_app([TOKEN], store=store)
         environ = request_environs(0, 1)[0]
         environ.update(REQUEST_METHOD="GET", QUERY_STRING="limit=10", CONTENT_LENGTH="")
-        start_response = lambda status, headers, exc_info=None: None  # noqa: E731
+        start_response = lambda *_: None  # noqa: E731
         begin = time.perf_counter()
         for _ in range(repeat):
             b"".join(application(environ, start_response))
@@ -686,7 +741,7 @@ def bench_listing(plants):
 
     def whole_listing():
         size = 0
-        for chunk in application(environ, lambda status, headers, exc_info=None: None):
+        for chunk in application(environ, lambda *_: None):
             size += len(chunk)  # as a server would: written out, then let go
         return size
 
@@ -723,25 +778,26 @@ def bench_listing(plants):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
-    parser.add_argument("--processes", type=int, default=3, help="fresh processes for the in-process rounds")
-    parser.add_argument("--rounds", type=int, default=11, help="in-process rounds per process")
-    parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
-    parser.add_argument("--http-seconds", type=int, default=1, help="wrk seconds per contender per round")
-    parser.add_argument("--http-rounds", type=int, default=60)
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
-    parser.add_argument("--store-rounds", type=int, default=5)
-    parser.add_argument("--store-per-round", type=int, default=2_000, help="creates per store per round")
-    parser.add_argument("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
-    parser.add_argument("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
-    parser.add_argument("--low-rounds", type=int, default=10, help="rounds of section 5's low load (wrk -c1)")
-    parser.add_argument("--low-seconds", type=int, default=1, help="wrk seconds per server per low-load round")
-    parser.add_argument("--baseline", default=BASELINE,
-                        help="the git commit whose plantstore.py serves beside each low-load row ('': none)")
-    parser.add_argument("--listing-plants", type=int, default=1_000_000, help="plants for section 6 (listing)")
-    parser.add_argument("--only", choices=["durable", "listing"], help="run one section alone")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
+    add = parser.add_argument
+    add("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
+    add("--processes", type=int, default=3, help="fresh processes for the in-process rounds")
+    add("--rounds", type=int, default=11, help="in-process rounds per process")
+    add("--per-round", type=int, default=20_000, help="requests per contender per round")
+    add("--http-seconds", type=int, default=1, help="wrk seconds per contender per round")
+    add("--http-rounds", type=int, default=60)
+    add("--connections", type=int, default=16)
+    add("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
+    add("--store-rounds", type=int, default=5)
+    add("--store-per-round", type=int, default=2_000, help="creates per store per round")
+    add("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
+    add("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
+    add("--low-rounds", type=int, default=10, help="rounds of section 5's low load (wrk -c1)")
+    add("--low-seconds", type=int, default=1, help="wrk seconds per server per low-load round")
+    add("--baseline", default=BASELINE,
+        help="the git commit whose plantstore.py serves beside each low-load row ('': none)")
+    add("--listing-plants", type=int, default=1_000_000, help="plants for section 6 (listing)")
+    add("--only", choices=["durable", "listing"], help="run one section alone")
+    add("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(in_process_rounds(args.rounds, args.per_round)))
@@ -753,52 +809,62 @@ def main(argv=None):
 
     print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
-    print(f"command: python benchmarks/bench_plantstore.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: python benchmarks/bench_plantstore.py {command}")
 
     if args.quick:
         args.listing_plants = 20_000
     if args.only in (None, "listing"):
         listing = bench_listing(args.listing_plants)
-        print(f"\nListing at size, in process, in-memory store:")
+        print("\nListing at size, in process, in-memory store:")
         print(f"  a page of 10 at 1,000 plants        {listing['small']:>8.1f} us")
         print(f"  a page of 10 at {args.listing_plants:<,} plants {listing['large']:>10.1f} us  "
               f"({listing['large'] / listing['small']:.2f}x)")
         print(f"  the same after deleting the oldest 90% {listing['after_deletes']:>5.1f} us  "
               f"({listing['after_deletes'] / listing['small']:.2f}x)")
-        print(f"  the whole listing at {args.listing_plants:,} plants: {listing['seconds']:.2f} s, "
-              f"{listing['bytes'] / 1e6:.0f} MB sent, {listing['peak_mb']:.1f} MB more memory at its peak, "
-              f"creates on another thread at most {listing['gap_ms']:.1f} ms apart")
+        print(f"  the whole listing at {args.listing_plants:,} plants: "
+              f"{listing['seconds']:.2f} s, {listing['bytes'] / 1e6:.0f} MB sent, "
+              f"{listing['peak_mb']:.1f} MB more memory at its peak, creates on another thread "
+              f"at most {listing['gap_ms']:.1f} ms apart")
     if args.only == "listing":
         return 0
     if not args.quick and args.only in (None, "durable"):
-        print_durable(bench_durable(args.durable_rounds, args.durable_seconds, args.connections, args.low_rounds,
-                                    args.low_seconds, args.baseline, workdir.name), args)
+        results = bench_durable(args.durable_rounds, args.durable_seconds, args.connections,
+                                args.low_rounds, args.low_seconds, args.baseline, workdir.name)
+        print_durable(results, args)
     if args.only == "durable":
         return 0
 
     micro = bench_in_process(args.processes, args.rounds, args.per_round)
-    print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of {args.per_round} valid "
-          f"creates ({args.processes} fresh processes x {args.rounds}):")
+    print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of "
+          f"{args.per_round} valid creates ({args.processes} fresh processes x {args.rounds}):")
     print(f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  {'vs plantstore':>13}")
     for name, (micros, vs_ceiling, vs_plantstore) in micro.items():
         print(f"  {name:<12} {micros:>10.2f}  {vs_ceiling:>9.2f}x  {vs_plantstore:>12.2f}x")
 
-    stores = bench_stores(args.store_rounds, args.store_per_round, os.path.join(workdir.name, "inproc.sqlite3"))
-    print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of {args.store_per_round} creates:")
+    stores = bench_stores(args.store_rounds, args.store_per_round,
+                          os.path.join(workdir.name, "inproc.sqlite3"))
+    print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of "
+          f"{args.store_per_round} creates:")
     for name, (rate, vs_memory) in stores.items():
         print(f"  {name:<12} {rate:>10.0f} creates/s  {vs_memory:>6.3f}x")
 
     if not args.quick:
         rates, granian = bench_http(args.http_rounds, args.http_seconds, args.connections,
                                     os.path.join(workdir.name, "http.sqlite3"))
-        print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of {args.http_rounds} "
-              f"interleaved {args.http_seconds} s rounds (gunicorn -w 1 --threads 8, gthread; "
-              f"{server_label('granian', 'memory')}):")
-        print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  {'non-2xx or errors':>17}")
+        print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of "
+              f"{args.http_rounds} interleaved {args.http_seconds} s rounds (gunicorn -w 1 "
+              f"--threads 8, gthread; {server_label('granian', 'memory')}):")
+        print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  "
+              f"{'non-2xx or errors':>17}")
+
         print("  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)")
-        for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
-                            ("granian", "granian plantstore:app"), ("granian-ceiling", "granian ceiling"),
-                            ("embedded", "python plantstore.py"), ("sqlite", "gunicorn -w 4, SQLite")]:
+        for kind, label in [("plantstore", "gunicorn plantstore:app"),
+                            ("ceiling", "gunicorn ceiling"),
+                            ("granian", "granian plantstore:app"),
+                            ("granian-ceiling", "granian ceiling"),
+                            ("embedded", "python plantstore.py"),
+                            ("sqlite", "gunicorn -w 4, SQLite")]:
             rps, vs_ceiling, bad = rates[kind]
             print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.3f}x  {bad:>17}")
         print(f"  granian plantstore:app: {granian['vs gunicorn']:.2f}x gunicorn plantstore:app, "
