@@ -483,8 +483,8 @@ def run_pgbench(postgres, script, seconds, clients):
 
 
 def baseline_source(ref, folder):
-    """Write plantstore.py as it was at git `ref` into folder; return its version, or None if git
-    cannot show it."""
+    """Write plantstore.py as it was at git `ref` into folder; return its version (else the ref),
+    or None if git cannot show it."""
     try:
         source = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{ref}:plantstore.py"],
                                 capture_output=True, text=True, check=True).stdout
@@ -492,7 +492,8 @@ def baseline_source(ref, folder):
         return None
     os.makedirs(folder)
     Path(folder, "plantstore.py").write_text(source)
-    return re.search(r'^__version__ = "([^"]+)"', source, re.MULTILINE)[1]
+    found = re.search(r'^__version__ = "([^"]+)"', source, re.MULTILINE)
+    return found[1] if found else ref[:12]
 
 
 def xmin_batches(url):
