@@ -26,16 +26,9 @@ unset, ``python plantstore.py`` makes up one and prints it once, and
 in an SQLite file or in PostgreSQL. Importing this module reads, prints and
 starts nothing.
 
-A store is any object with these methods (``tag`` is None when there is none):
-``add(plant_id, name, tag) -> bool`` inserts atomically and returns False,
-changing nothing, when the id is taken; ``page(after, limit) -> list`` returns
-up to ``limit`` ``(key, name, tag)`` of the plants created after the one whose
-key is ``after`` (None: from the oldest), the key an int64 that grows with
-creation order; ``delete(plant_id) -> bool`` removes the plant and returns False
-when there was none. A store whose database is away raises
-``HTTPError(503, ...)``; its ``ping()``, if it has one, is the health check's
-question (else a page of one plant). ``make_app`` also takes a store of the first interface, with
-``list(limit)`` instead of ``page``.
+A store is any object with the methods of ``Store`` (``add``, ``page`` and
+``delete``; ``ping`` is optional), such as ``PlantStore``; one that has
+``list(limit)`` instead of ``page`` is read through ``PagesFromList``.
 
 The one thing people get wrong: the default ``PlantStore`` lives in the memory
 of one process. Several gunicorn workers would each hold a separate store, so
@@ -262,9 +255,53 @@ def cursor(key):
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 
 
-# ---- The in-memory store ----
+# ---- The store interface, and the in-memory store ----
 
-class PlantStore:
+class Store:
+    """What the application asks of a store. Any object with add, page and delete will do; ping
+    and list have defaults here. `tag` is None when a plant has none. A store whose database is
+    away raises HTTPError(503, ..., headers=[("Retry-After", ...)]): see unavailable()."""
+
+    required = ("add", "page", "delete")
+
+    def add(self, plant_id, name, tag):
+        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        raise NotImplementedError
+
+    def page(self, after, limit):
+        """Up to `limit` (key, name, tag) of the plants created after the one whose key is
+        `after` (None: from the oldest), oldest first; a key is an int64 that grows with them."""
+        raise NotImplementedError
+
+    def delete(self, plant_id):
+        """Remove the plant and return True, or return False if there was none."""
+        raise NotImplementedError
+
+    def ping(self):
+        """The health check's question: raise HTTPError(503) if the store cannot answer."""
+        self.page(None, 1)
+
+    def list(self, limit=None):
+        """Up to `limit` (None: all) (name, tag) pairs, oldest first."""
+        plants = self.page(None, INT64_MAX if limit is None else limit)
+        return [(name, tag) for _, name, tag in plants]
+
+
+class PagesFromList(Store):
+    """A store that has list(limit) instead of page(): each page reads the whole list, and its
+    keys are positions, so a plant deleted between two pages shifts the next one."""
+
+    def __init__(self, store):
+        self.store = store
+        self.add, self.delete = getattr(store, "add", None), getattr(store, "delete", None)
+
+    def page(self, after, limit):
+        start = max(after or 0, 0)  # the key is the position in the list; any cursor may come
+        plants = self.store.list(None)[start:start + limit]
+        return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
+
+
+class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
     Each plant gets a slot, numbered in creation order: its seq, the key of its page. Names and
@@ -310,11 +347,6 @@ class PlantStore:
                             break
                 number, index = number + 1, 0
             return page
-
-    def list(self, limit=None):
-        """Up to `limit` (None: all) (name, tag) pairs, oldest first: the first store interface."""
-        plants = self.page(None, INT64_MAX if limit is None else limit)
-        return [(name, tag) for _, name, tag in plants]
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -379,10 +411,9 @@ def stream_plants(page, after, plants):
 class Application:
     """The Plant Store API as a WSGI application (PEP 3333), accepting the given bearer tokens.
 
-    `routes` maps each path to its methods' handlers; a handler takes the environ and the {id}
-    of /plants/{id} (None elsewhere) and returns (status, body, headers), or raises HTTPError.
-    The paths in `public` need no token. `on_create(plant_id, name, tag)`, when set, is called
-    after each plant is created. The optional parts below add routes and wrap the application.
+    `routes` maps each path to its methods' operations, declared by route(). `on_create(plant_id,
+    name, tag)`, when set, is called after each plant is created. The optional parts below add
+    routes and wrap the application.
     """
 
     def __init__(self, tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
@@ -398,16 +429,24 @@ class Application:
                              f"make one with {MAKE_A_TOKEN}")
         if type(max_body_bytes) is not int or max_body_bytes < 0:
             raise ValueError("max_body_bytes must be a non-negative integer")
-        self.store = PlantStore() if store is None else store
-        for method in "add", "page", "delete":
+        store = PlantStore() if store is None else store
+        if not hasattr(store, "page") and hasattr(store, "list"):  # the interface before page()
+            store = PagesFromList(store)
+        self.store = store
+        for method in Store.required:
             if not callable(getattr(self.store, method, None)):
-                raise TypeError(f"the store has no {method}() method: "
-                                "see the store interface in help(plantstore)")
-        self.max_body_bytes, self.on_create = max_body_bytes, None
-        self.routes = {"/plants": {"GET": self.list_plants, "POST": self.add_plant},
-                       "/plants/{id}": {"DELETE": self.delete_plant},
-                       "/health": {"GET": self.check_health}}
-        self.public = {"/health"}
+                raise TypeError(f"the store has no {method}() method: see plantstore.Store")
+        self.max_body_bytes, self.on_create, self.routes = max_body_bytes, None, {}
+        self.route("GET", "/plants", self.list_plants, "listPlants")
+        self.route("POST", "/plants", self.add_plant, "addPlant")
+        self.route("DELETE", "/plants/{id}", self.delete_plant, "deletePlant")
+        self.route("GET", "/health", self.check_health, "checkHealth", token=False)
+
+    def route(self, method, path, handler, operation_id, *, token=True):
+        """Declare an operation once: routing, Allow, HEAD and the served document follow. A
+        handler takes the environ and the {id} of /plants/{id} (None elsewhere) and returns
+        (status, body, headers), or raises HTTPError; operation_id names it in OpenAPI."""
+        self.routes.setdefault(path, {})[method] = handler, operation_id, token
 
     def __call__(self, environ, start_response):
         """Answer one request: JSON (a 204: nothing), HEAD without its body; no exception escapes
@@ -445,8 +484,8 @@ class Application:
         if methods is None or plant_id == "" or "/" in (plant_id or ""):
             raise HTTPError(404, f"not found: the routes are {', '.join(self.routes)}")
         method = environ["REQUEST_METHOD"]
-        handler = methods.get("GET" if method == "HEAD" else method)
-        if handler is None:
+        operation = methods.get("GET" if method == "HEAD" else method)
+        if operation is None:
             allowed = {*methods, "OPTIONS", *(["HEAD"] if "GET" in methods else [])}
             allow = ", ".join(sorted(allowed))
             if method != "OPTIONS":
@@ -455,7 +494,8 @@ class Application:
             if plant_id is not None:
                 url_integer(plant_id, "id")  # /plants/abc is no plant's path
             return 204, b"", [("Allow", allow)]  # no token: a browser's preflight has none
-        if path not in self.public:
+        handler, _, token = operation
+        if token:
             check_bearer(environ, self.tokens)
         return handler(environ, plant_id)
 
@@ -489,7 +529,7 @@ class Application:
 
     def check_health(self, environ, _):
         """200 while the store answers a cheap question; its 503 when not. It names no database."""
-        getattr(self.store, "ping", lambda: self.store.page(None, 1))()
+        getattr(self.store, "ping", lambda: Store.ping(self.store))()
         return 200, b'{"status": "ok"}', []
 
 
@@ -540,7 +580,7 @@ def _log(message):
 
 # ---- The SQL stores: SQLite and PostgreSQL, one class ----
 
-class SQLStore:
+class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
     One class over two DB-API drivers, as peewee does it: the SQL is written once, with named
@@ -669,8 +709,6 @@ class SQLStore:
         """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
         rows = self.run(self.PAGE, after=after or 0, limit=limit)
         return [(seq, _text(name), None if tag is None else _text(tag)) for seq, name, tag in rows]
-
-    list = PlantStore.list  # the first store interface, by way of page()
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -1392,7 +1430,6 @@ OPENAPI = json.loads("""{
   "paths": {
     "/plants": {
       "get": {
-        "operationId": "listPlants",
         "tags": ["plants"],
         "summary": "List plants, oldest first",
         "description": "Without `limit`, every plant, streamed; with it, a page and a next `Link`",
@@ -1432,7 +1469,6 @@ OPENAPI = json.loads("""{
         }
       },
       "post": {
-        "operationId": "addPlant",
         "tags": ["plants"],
         "summary": "Add a plant",
         "description": "Creates a new plant in the store",
@@ -1469,7 +1505,6 @@ OPENAPI = json.loads("""{
         }
       ],
       "delete": {
-        "operationId": "deletePlant",
         "tags": ["plants"],
         "summary": "Delete a plant",
         "description": "Its id can be used again",
@@ -1485,11 +1520,9 @@ OPENAPI = json.loads("""{
     },
     "/openapi.json": {
       "get": {
-        "operationId": "getOpenApiDocument",
         "tags": ["service"],
         "summary": "Read this document",
         "description": "Needs no token",
-        "security": [],
         "responses": {
           "200": {
             "description": "The OpenAPI document",
@@ -1500,11 +1533,9 @@ OPENAPI = json.loads("""{
     },
     "/health": {
       "get": {
-        "operationId": "checkHealth",
         "tags": ["service"],
         "summary": "Check that the service can reach its store",
         "description": "For load balancers and orchestrators; no token needed",
-        "security": [],
         "responses": {
           "200": {
             "description": "The store answers",
@@ -1646,14 +1677,21 @@ OPENAPI = json.loads("""{
 
 
 def serve_document(application):
-    """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token."""
-    document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **OPENAPI}, indent=2).encode()
+    """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token. Each
+    operation's operationId, and `security: []` where it needs no token, come from its route."""
+    application.route("GET", "/openapi.json", lambda environ, _: read_document(environ),
+                      "getOpenApiDocument", token=False)
+    document = json.loads(json.dumps(OPENAPI))  # a copy, to fill in
+    for path, methods in application.routes.items():
+        for method, (_, operation_id, token) in methods.items():
+            operation = document["paths"][path][method.lower()]
+            operation["operationId"] = operation_id
+            operation.update({} if token else {"security": []})
+    document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **document}, indent=2).encode()
 
-    def read_document(environ, _):  # `servers` says where the app is mounted
+    def read_document(environ):  # `servers` says where the app is mounted
         mounted = _quote(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
         return 200, document.replace(b'"SCRIPT_NAME"', mounted, 1), []
-    application.routes["/openapi.json"] = {"GET": read_document}
-    application.public.add("/openapi.json")
 
 
 # ---- The embedded server: wsgiref, threaded, with timeouts ----
@@ -1771,8 +1809,6 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
     the `webhook_sender` attribute is the sender. cors_origins lists the origins
     (https://example.org) whose browser pages may call it (see with_cors).
     """
-    if not hasattr(store, "page") and hasattr(store, "list"):  # a store of the first interface
-        store = _PagesFromList(store)
     application = Application(tokens, store, max_body_bytes)
     serve_document(application)
     served, sender = application, None
@@ -1786,19 +1822,6 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
         served = with_cors(served, cors_origins)
     served.webhook_sender = sender
     return served
-
-
-class _PagesFromList:
-    """A store of the first interface (add, list, delete): each page reads the whole list."""
-
-    def __init__(self, store):
-        self.add, self.delete = getattr(store, "add", None), getattr(store, "delete", None)
-        self.list = store.list
-
-    def page(self, after, limit):
-        start = max(after or 0, 0)  # the key is the position in the list; any cursor may come
-        plants = self.list(None)[start:start + limit]
-        return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
 
 def tokens_from_environ(environ=os.environ):

@@ -1917,7 +1917,12 @@ def test_kill_9_between_creates_and_their_delivery_loses_no_event(spawn, receive
 def test_openapi_document_is_served_without_a_token_and_is_valid(app):
     response = app.get("/openapi.json", status=200)
     assert response.content_type == "application/json"
-    assert response.json == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
+    # OPENAPI as written, but for each operation's operationId and security, which its route says
+    served = json.loads(response.text)
+    for _, _, operation in operations(served)[:-1]:  # the paths' operations; the webhook is last
+        operation.pop("operationId")
+        assert operation.pop("security", []) == []
+    assert served == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
     openapi_spec_validator.validate(response.json)  # raises unless it is valid OpenAPI 3.1
     assert response.json["openapi"] == "3.1.0"
     info = response.json["info"]
