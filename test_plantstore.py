@@ -101,7 +101,7 @@ def call(application, *, method="POST", path="/plants", body=b"", environ=None, 
     env = {key: value for key, value in env.items() if value is not None}  # None: leave the key out
     setup_testing_defaults(env)
     started = []
-    chunks = (validator(application) if validate else application)(env, lambda status, headers, exc_info=None: started.append((status, headers)))
+    chunks = (validator(application) if validate else application)(env, lambda status, headers, _exc_info=None: started.append((status, headers)))
     try:
         data = b"".join(chunks)
     finally:
@@ -392,7 +392,7 @@ def test_auth_comes_before_media_type_and_body(app):
 class ExplodingInput(io.BytesIO):
     """A wsgi.input that fails the test if the application reads it."""
 
-    def read(self, *args):
+    def read(self, *_args):
         raise AssertionError("the application read the body")
 
     readline = read
@@ -507,7 +507,7 @@ class FailingInput(io.BytesIO):
         super().__init__()
         self.error = error
 
-    def read(self, *args):
+    def read(self, *_args):
         raise self.error
 
 
@@ -685,11 +685,17 @@ def random_bodies(count, seed=2026):
     def pick(odd, usual):
         return rng.choice(odd) if rng.random() < 0.1 else usual
 
+    def ws(usual=""):
+        return pick(whitespace, usual)
+
+    def plant_id():
+        return pick(ids, str(rng.randint(-10**6, 10**6)))
+
+    def string():
+        return pick(strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"')
+
     for _ in range(count):
         gap = rng.choice(["", " "])  # after ':' and ',': compact, or as json.dumps() writes it
-        ws = lambda usual="": pick(whitespace, usual)  # noqa: E731
-        plant_id = lambda: pick(ids, str(rng.randint(-10**6, 10**6)))  # noqa: E731
-        string = lambda: pick(strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"')  # noqa: E731
         fields = [f'"id"{ws()}:{ws(gap)}{plant_id()}', f'"name"{ws()}:{ws(gap)}{string()}']
         if rng.random() < 0.6:
             fields.append(f'"tag"{ws()}:{ws(gap)}{string()}')
@@ -735,7 +741,7 @@ def test_checks_run_in_the_contract_order(app, request_kwargs, status):
 # ---- Failures of the server's own making ----
 
 class BrokenStore:
-    def add(self, *args):
+    def add(self, *_args):
         raise RuntimeError("the disk is on fire")
 
     list = delete = add
@@ -751,7 +757,7 @@ def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
     assert TOKEN not in errors.getvalue()
 
 
-def test_a_custom_store_is_used(app):
+def test_a_custom_store_is_used():
     class RecordingStore:
         def __init__(self):
             self.calls = []
@@ -760,7 +766,7 @@ def test_a_custom_store_is_used(app):
             self.calls.append((plant_id, name, tag))
             return plant_id != 2
 
-        def list(self, limit):
+        def list(self, _limit):
             return []
 
         delete = list
@@ -791,7 +797,7 @@ def test_make_app_refuses_a_short_token_without_quoting_it():
 
 @pytest.mark.parametrize("missing", ["add", "delete", "list"])
 def test_make_app_names_the_method_a_store_lacks(missing):
-    methods = {name: lambda *args: None for name in ("add", "delete", "list") if name != missing}
+    methods = {name: lambda *_args: None for name in ("add", "delete", "list") if name != missing}
     lacking = "page" if missing == "list" else missing  # page(), or the first interface's list()
     with pytest.raises(TypeError, match=f"the store has no {lacking}\\(\\) method"):
         make_app([TOKEN], store=type("Store", (), methods)())
@@ -1069,7 +1075,7 @@ def next_link(response):
     return match and match[1]
 
 
-def follow_pages(application, first, meanwhile=lambda page_number: None):
+def follow_pages(application, first, meanwhile=lambda _page_number: None):
     """GET first, then every next link; return the names seen, in order, and how many pages."""
     names, url, pages = [], first, 0
     while url:
@@ -1158,7 +1164,7 @@ def test_the_whole_listing_streams_a_page_at_a_time(store):
     assert asked == [plantstore.PAGE_MAX] * 3  # the lock is never held for more than one page
 
 
-def test_a_store_of_the_first_interface_still_pages(app):
+def test_a_store_of_the_first_interface_still_pages():
     class ListOnly:  # add, list and delete only, as README's example of 1.0 had it
         def __init__(self):
             self.plants = {}
@@ -1332,7 +1338,7 @@ def assert_unavailable(response):
     assert int(response.headers["Retry-After"]) > 0
 
 
-def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_retry_409(postgres, pg_url):
+def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_retry_409(pg_url):
     """The bound on a statement: the commit is cut at DB_WAIT_SECONDS, though PostgreSQL keeps it."""
     app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
     post(app, {"id": 1, "name": "Fern"}, 200)
@@ -2071,10 +2077,10 @@ def test_the_routes_served_and_the_document_agree(app, store):
             assert (response.status_int == 405) == (method not in allow), (method, url)
 
 
-@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES_OF_GET,
+@pytest.mark.parametrize("arguments, status, header", [case[1:] for case in STATUS_CASES_OF_GET],
                          ids=[f"HEAD {op[1]} {code}" for op, _, code, _ in STATUS_CASES_OF_GET])
-def test_head_sends_every_status_get_does_with_its_header_and_no_body(operation, arguments, status,
-                                                                       header, tmp_path):
+def test_head_sends_every_status_get_does_with_its_header_and_no_body(arguments, status, header,
+                                                                       tmp_path):
     got, headers, body = call_case(dict(arguments, method="HEAD"), tmp_path)
     assert got == status and body is None
     assert header is None or header in headers
@@ -2524,13 +2530,13 @@ def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, mess
     else:
         monkeypatch.setenv("PLANTSTORE_TOKENS", value)
     with pytest.raises(AttributeError, match=message):
-        plantstore.app
+        _ = plantstore.app  # the attribute is built when first read: reading it is the test
     assert not hasattr(plantstore, "app")
 
 
 def test_unknown_module_attributes_still_raise_attribute_error():
     with pytest.raises(AttributeError):
-        plantstore.no_such_thing
+        _ = plantstore.no_such_thing
 
 
 # ---- Settings that mean what they say, and secrets that never show ----
@@ -2947,7 +2953,7 @@ def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(nginx
     port, slow, stop = nginx_in_front.port, [], threading.Event()
     request = raw_request({"id": 0, "name": "never"})
     try:
-        for n in range(508):  # 8 that send one byte and go silent, 500 that trickle their headers
+        for _ in range(508):  # 8 that send one byte and go silent, 500 that trickle their headers
             slow.append(from_address("127.0.0.2", port))
             slow[-1].sendall(request[:1])
 
@@ -2980,7 +2986,7 @@ def test_nginx_closes_a_stalled_body_without_troubling_gunicorn(nginx_in_front):
     """
     stalled = []
     try:
-        for n in range(10):  # more than gunicorn's 8 threads
+        for _ in range(10):  # more than gunicorn's 8 threads
             stalled.append(from_address("127.0.0.2", nginx_in_front.port))
             stalled[-1].sendall(raw_request(b'{"id": 1, ', content_length=100))
         assert post_over_http("127.0.0.1", nginx_in_front.port, TOKEN, {"id": 2, "name": "served"})[0] == 200
@@ -3702,7 +3708,8 @@ def many_files():
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(granian, many_files):
+@pytest.mark.usefixtures("many_files")
+def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(granian):
     """8 connections that sent one byte and went silent, 500 that trickle their headers a byte a second:
     a normal client's creates are each answered within 1 s (the issue's bar) meanwhile."""
     port, slow, stop = granian().port, [], threading.Event()
