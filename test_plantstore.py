@@ -5,6 +5,7 @@ import base64
 import collections
 import contextlib
 import fcntl
+import functools
 import gc
 import glob
 import http.client
@@ -3986,16 +3987,27 @@ def test_readme_signatures_and_their_defaults_are_the_code_s():
 
 
 def test_numbers_the_docs_tie_to_a_constant_are_its_value():
-    """`DB_WAIT_SECONDS` (5 s), or 1,000 plants (`PAGE_MAX`): the docs name it."""
+    """`DB_WAIT_SECONDS` (5 s), 1,000 plants (`PAGE_MAX`), 4 attempts to one URL
+    (`WebhookSender.PER_URL`): the docs name the constant, and this reads it."""
+    constant = r"((?:\w+\.)?[A-Z][A-Z0-9_]+)"  # PAGE_MAX, or WebhookSender.PER_URL
     for name in every_doc():
         tied = [(where, said[1], said[2]) for where, said in
-                doc_matches(name, r"`([A-Z][A-Z0-9_]+)` \((\d[\d,]*) s\)")]
+                doc_matches(name, rf"`{constant}` \((\d[\d,]*) s\)")]
         tied += [(where, said[2], said[1]) for where, said in
-                 doc_matches(name, r"(\d[\d,]*)[^\d`(]{0,30}\(`([A-Z][A-Z0-9_]+)`\)")]
-        for where, constant, number in tied:
-            value = getattr(plantstore, constant)
+                 doc_matches(name, rf"(\d[\d,]*)[^\d`(]{{0,40}}\(`{constant}`\)")]
+        for where, named, number in tied:
+            value = functools.reduce(getattr, named.split("."), plantstore)
             said = int(number.replace(",", ""))
-            assert value == said, f"{where}: {constant} is {value}"
+            assert value == said, f"{where}: {named} is {value}"
+
+
+def test_webhooks_md_retry_schedule_is_the_sender_s():
+    where, said = doc_find("docs/webhooks.md", r"with up to \d+% jitter: ([^;]+);")
+    seconds = {"s": 1, "min": 60, "h": 3600}
+    schedule = tuple(int(number) * seconds[unit] for number, unit in
+                     re.findall(r"(\d+) (s|min|h)\b", said[1]))
+    sent = plantstore.WebhookSender.SCHEDULE
+    assert schedule == sent, f"{where}: the sender waits {sent} seconds"
 
 
 def test_decisions_md_limits_are_the_served_ones():
