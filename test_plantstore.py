@@ -5,11 +5,13 @@ import base64
 import collections
 import contextlib
 import fcntl
+import functools
 import gc
 import glob
 import http.client
 import http.server
 import importlib.util
+import inspect
 import io
 import itertools
 import json
@@ -101,7 +103,7 @@ def call(application, *, method="POST", path="/plants", body=b"", environ=None, 
     env = {key: value for key, value in env.items() if value is not None}  # None: leave the key out
     setup_testing_defaults(env)
     started = []
-    chunks = (validator(application) if validate else application)(env, lambda status, headers, exc_info=None: started.append((status, headers)))
+    chunks = (validator(application) if validate else application)(env, lambda status, headers, _exc_info=None: started.append((status, headers)))
     try:
         data = b"".join(chunks)
     finally:
@@ -392,7 +394,7 @@ def test_auth_comes_before_media_type_and_body(app):
 class ExplodingInput(io.BytesIO):
     """A wsgi.input that fails the test if the application reads it."""
 
-    def read(self, *args):
+    def read(self, *_args):
         raise AssertionError("the application read the body")
 
     readline = read
@@ -507,7 +509,7 @@ class FailingInput(io.BytesIO):
         super().__init__()
         self.error = error
 
-    def read(self, *args):
+    def read(self, *_args):
         raise self.error
 
 
@@ -685,11 +687,17 @@ def random_bodies(count, seed=2026):
     def pick(odd, usual):
         return rng.choice(odd) if rng.random() < 0.1 else usual
 
+    def ws(usual=""):
+        return pick(whitespace, usual)
+
+    def plant_id():
+        return pick(ids, str(rng.randint(-10**6, 10**6)))
+
+    def string():
+        return pick(strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"')
+
     for _ in range(count):
         gap = rng.choice(["", " "])  # after ':' and ',': compact, or as json.dumps() writes it
-        ws = lambda usual="": pick(whitespace, usual)  # noqa: E731
-        plant_id = lambda: pick(ids, str(rng.randint(-10**6, 10**6)))  # noqa: E731
-        string = lambda: pick(strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"')  # noqa: E731
         fields = [f'"id"{ws()}:{ws(gap)}{plant_id()}', f'"name"{ws()}:{ws(gap)}{string()}']
         if rng.random() < 0.6:
             fields.append(f'"tag"{ws()}:{ws(gap)}{string()}')
@@ -735,7 +743,7 @@ def test_checks_run_in_the_contract_order(app, request_kwargs, status):
 # ---- Failures of the server's own making ----
 
 class BrokenStore:
-    def add(self, *args):
+    def add(self, *_args):
         raise RuntimeError("the disk is on fire")
 
     list = delete = add
@@ -751,7 +759,7 @@ def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
     assert TOKEN not in errors.getvalue()
 
 
-def test_a_custom_store_is_used(app):
+def test_a_custom_store_is_used():
     class RecordingStore:
         def __init__(self):
             self.calls = []
@@ -760,7 +768,7 @@ def test_a_custom_store_is_used(app):
             self.calls.append((plant_id, name, tag))
             return plant_id != 2
 
-        def list(self, limit):
+        def list(self, _limit):
             return []
 
         delete = list
@@ -791,7 +799,7 @@ def test_make_app_refuses_a_short_token_without_quoting_it():
 
 @pytest.mark.parametrize("missing", ["add", "delete", "list"])
 def test_make_app_names_the_method_a_store_lacks(missing):
-    methods = {name: lambda *args: None for name in ("add", "delete", "list") if name != missing}
+    methods = {name: lambda *_args: None for name in ("add", "delete", "list") if name != missing}
     lacking = "page" if missing == "list" else missing  # page(), or the first interface's list()
     with pytest.raises(TypeError, match=f"the store has no {lacking}\\(\\) method"):
         make_app([TOKEN], store=type("Store", (), methods)())
@@ -1069,7 +1077,7 @@ def next_link(response):
     return match and match[1]
 
 
-def follow_pages(application, first, meanwhile=lambda page_number: None):
+def follow_pages(application, first, meanwhile=lambda _page_number: None):
     """GET first, then every next link; return the names seen, in order, and how many pages."""
     names, url, pages = [], first, 0
     while url:
@@ -1158,7 +1166,7 @@ def test_the_whole_listing_streams_a_page_at_a_time(store):
     assert asked == [plantstore.PAGE_MAX] * 3  # the lock is never held for more than one page
 
 
-def test_a_store_of_the_first_interface_still_pages(app):
+def test_a_store_of_the_first_interface_still_pages():
     class ListOnly:  # add, list and delete only, as README's example of 1.0 had it
         def __init__(self):
             self.plants = {}
@@ -1332,7 +1340,7 @@ def assert_unavailable(response):
     assert int(response.headers["Retry-After"]) > 0
 
 
-def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_retry_409(postgres, pg_url):
+def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_retry_409(pg_url):
     """The bound on a statement: the commit is cut at DB_WAIT_SECONDS, though PostgreSQL keeps it."""
     app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
     post(app, {"id": 1, "name": "Fern"}, 200)
@@ -2076,10 +2084,10 @@ def test_the_routes_served_and_the_document_agree(app, store):
             assert (response.status_int == 405) == (method not in allow), (method, url)
 
 
-@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES_OF_GET,
+@pytest.mark.parametrize("arguments, status, header", [case[1:] for case in STATUS_CASES_OF_GET],
                          ids=[f"HEAD {op[1]} {code}" for op, _, code, _ in STATUS_CASES_OF_GET])
-def test_head_sends_every_status_get_does_with_its_header_and_no_body(operation, arguments, status,
-                                                                       header, tmp_path):
+def test_head_sends_every_status_get_does_with_its_header_and_no_body(arguments, status, header,
+                                                                       tmp_path):
     got, headers, body = call_case(dict(arguments, method="HEAD"), tmp_path)
     assert got == status and body is None
     assert header is None or header in headers
@@ -2529,13 +2537,13 @@ def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, mess
     else:
         monkeypatch.setenv("PLANTSTORE_TOKENS", value)
     with pytest.raises(AttributeError, match=message):
-        plantstore.app
+        _ = plantstore.app  # the attribute is built when first read: reading it is the test
     assert not hasattr(plantstore, "app")
 
 
 def test_unknown_module_attributes_still_raise_attribute_error():
     with pytest.raises(AttributeError):
-        plantstore.no_such_thing
+        _ = plantstore.no_such_thing
 
 
 # ---- Settings that mean what they say, and secrets that never show ----
@@ -2952,7 +2960,7 @@ def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(nginx
     port, slow, stop = nginx_in_front.port, [], threading.Event()
     request = raw_request({"id": 0, "name": "never"})
     try:
-        for n in range(508):  # 8 that send one byte and go silent, 500 that trickle their headers
+        for _ in range(508):  # 8 that send one byte and go silent, 500 that trickle their headers
             slow.append(from_address("127.0.0.2", port))
             slow[-1].sendall(request[:1])
 
@@ -2985,7 +2993,7 @@ def test_nginx_closes_a_stalled_body_without_troubling_gunicorn(nginx_in_front):
     """
     stalled = []
     try:
-        for n in range(10):  # more than gunicorn's 8 threads
+        for _ in range(10):  # more than gunicorn's 8 threads
             stalled.append(from_address("127.0.0.2", nginx_in_front.port))
             stalled[-1].sendall(raw_request(b'{"id": 1, ', content_length=100))
         assert post_over_http("127.0.0.1", nginx_in_front.port, TOKEN, {"id": 2, "name": "served"})[0] == 200
@@ -3707,7 +3715,8 @@ def many_files():
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(granian, many_files):
+@pytest.mark.usefixtures("many_files")
+def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(granian):
     """8 connections that sent one byte and went silent, 500 that trickle their headers a byte a second:
     a normal client's creates are each answered within 1 s (the issue's bar) meanwhile."""
     port, slow, stop = granian().port, [], threading.Event()
@@ -3770,6 +3779,285 @@ def test_granian_behind_nginx_is_not_held_up_by_stalled_bodies(nginx_before_gran
         for sock in stalled:
             sock.close()
     assert over_http("127.0.0.1", nginx_before_granian.port, TOKEN, "GET", "/plants") == (200, [{"name": "served"}] * 5)
+
+
+# ---- The docs say what the code does: a fact written in both is checked here ----
+#
+# Each test reads a table or a sentence of README.md or docs/ and asks the app (or its
+# signature, or --help) the same thing, so that a stale line fails, named by file:line.
+
+HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
+
+
+def doc_text(name):
+    """A Markdown file of the repository (README.md, docs/...)."""
+    return (HERE / name).read_text()
+
+
+def every_doc():
+    """README.md and each file of docs/, by their names in the repository."""
+    docs = sorted(f"docs/{path.name}" for path in (HERE / "docs").glob("*.md"))
+    return ["README.md", *docs]
+
+
+def doc_matches(name, pattern):
+    """Each (name:line, match) of pattern in the file; a space in it matches any
+    whitespace, a line break included."""
+    text = doc_text(name)
+    return [(f"{name}:{text.count(chr(10), 0, found.start()) + 1}", found)
+            for found in re.finditer(pattern.replace(" ", r"\s+"), text)]
+
+
+def doc_find(name, pattern):
+    """The first of doc_matches: a sentence the test reads is still there."""
+    found = doc_matches(name, pattern)
+    assert found, f"{name} no longer says anything like {pattern!r}: update this test"
+    return found[0]
+
+
+def doc_table(name, above):
+    """The rows of the table that starts at, or below, the first line holding `above`:
+    each (name:line, cells)."""
+    lines = doc_text(name).splitlines()
+    start = [n for n, line in enumerate(lines) if above in line]
+    assert start, f"{name} has no line {above!r} any more: update this test"
+    rows = []
+    for number, line in enumerate(lines[start[0]:], start[0] + 1):
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line[1:-1].split("|")]
+            rows.append((f"{name}:{number}", cells))
+        elif rows:
+            break
+    return rows[2:]  # past the header and its |---| line
+
+
+def served_routes():
+    """{route: its Allow}, asked of the app: its 404 names the routes, OPTIONS the
+    methods."""
+    asked = webtest.TestApp(make_app([TOKEN]))
+    named = asked.get("/", status=404).json["message"]
+    routes = {}
+    for route in re.findall(r"/[^\s,]*", named):
+        url = route.replace("{id}", "1")
+        routes[route] = asked.options(url, status=204).headers["Allow"]
+    return routes
+
+
+def served_document():
+    return webtest.TestApp(make_app([TOKEN])).get("/openapi.json", status=200).json
+
+
+def test_readme_route_table_gives_each_route_the_methods_it_answers():
+    served, listed = served_routes(), set()
+    for where, (route, methods, *_) in doc_table("README.md", "The routes, in short"):
+        route = route.strip("`")
+        listed.add(route)
+        said = set(re.findall(r"`([A-Z]+)`", methods)) & HTTP_METHODS
+        allow = served.get(route, "nothing: no such route")
+        assert said == set(allow.split(", ")), f"{where}: {route} has Allow: {allow}"
+    assert listed == set(served), f"README.md's routes: the app has {sorted(served)}"
+
+
+def test_readme_route_table_says_which_routes_need_no_token():
+    asked, served = webtest.TestApp(make_app([TOKEN])), served_routes()
+    for where, (route, methods, *_) in doc_table("README.md", "The routes, in short"):
+        url, allow = route.strip("`").replace("{id}", "1"), served[route.strip("`")]
+        method = min(set(allow.split(", ")) - {"HEAD", "OPTIONS"})  # GET, or DELETE
+        answer = asked.request(url, method=method, expect_errors=True)
+        public, said = answer.status_int != 401, "without a token" in methods
+        assert said == public, f"{where}: {method} {url} is {answer.status} without one"
+
+
+def test_http_md_route_table_gives_each_route_its_operations_and_allow():
+    served, document = served_routes(), served_document()
+    rows = doc_table("docs/http.md", "## The routes and their methods")
+    for where, (route, operations, allow, *_) in rows:
+        route = route.strip("`")
+        allowed = served.get(route)
+        assert allow.strip("`") == allowed, f"{where}: Allow is {allowed}"
+        said = dict(re.findall(r"`([A-Z]+)` \((\w+)\)", operations))
+        ids = {method.upper(): operation["operationId"]
+               for method, operation in document["paths"].get(route, {}).items()
+               if method != "parameters"}
+        assert said == ids, f"{where}: {route}'s operations are {ids}"
+    listed = {cells[0].strip("`") for _, cells in rows}
+    assert listed == set(served), f"docs/http.md's routes: the app has {sorted(served)}"
+
+
+def test_http_md_head_on_the_route_without_get_is_405_as_it_says():
+    where, said = doc_find(
+        "docs/http.md", r"405 with `Allow: ([^`]+)` on `([^`]+)`, which has no `GET`")
+    allow, route = said.groups()
+    answer = webtest.TestApp(make_app([TOKEN])).head(
+        route.replace("{id}", "1"), headers=AUTH, expect_errors=True)
+    got = answer.status_int, answer.headers.get("Allow")
+    assert got == (405, allow), f"{where}: HEAD {route} is {got}"
+
+
+def test_decisions_md_404_and_405_rows_name_the_routes_and_their_methods():
+    served, asked, rows = served_routes(), webtest.TestApp(make_app([TOKEN])), {}
+    for where, (status, *cells) in doc_table("docs/decisions.md", "| status | when |"):
+        rows.setdefault(status, (where, cells))  # the first 404: no such path
+    where, (when, _) = rows["404"]
+    routes, _, others = when.partition("(also")
+    said = set(re.findall(r"`(/[^`]*)`", routes))
+    assert said == set(served), f"{where}: the routes are {sorted(served)}"
+    for path in re.findall(r"`(/[^`]*)`", others):  # never a route
+        status = asked.get(path, expect_errors=True).status_int
+        assert status == 404, f"{where}: {path} is {status}"
+    where, (when, headers) = rows["405"]
+    for part in re.split(r",\s*(?=`)", when.partition(": ")[2]):  # `/a` and `/b` have X
+        for route in re.findall(r"`(/[^`]*)`", part):
+            said = set(re.findall(r"[A-Z]+", part)) & HTTP_METHODS
+            allowed = served[route]
+            assert said == set(allowed.split(", ")), f"{where}: {route}: {allowed}"
+    said = set(re.findall(r"`Allow: ([^`]+)`", headers))
+    every = set(served.values())
+    assert said == every, f"{where}: Allow is one of {every}"
+
+
+def test_readme_settings_table_lists_what_help_lists():
+    shown = subprocess.run(
+        [sys.executable, str(HERE / "plantstore.py"), "--help"],
+        capture_output=True, text=True, timeout=WAIT, check=True).stdout
+    variables = set(re.findall(r"^  (PLANTSTORE_\w+)", shown, re.M))
+    options = dict(re.findall(r"^  (--[\w-]+) [A-Z]+ +(.*)", shown, re.M))  # --port P
+    rows = doc_table("README.md", "| where | name | meaning | default |")
+    listed = set()
+    for where, (kind, name, _, default, *_) in rows:
+        name = name.strip("`")
+        listed.add(name)
+        if kind == "command line":
+            assert name in options, f"{where}: --help lists no option {name}"
+            said = f"({default.strip('`')})"
+            assert said in options[name], f"{where}: --help says {options[name]}"
+        else:
+            assert name in variables, f"{where}: --help lists no variable {name}"
+    every = variables | set(options)
+    assert listed == every, f"README.md's settings table: --help lists {sorted(every)}"
+
+
+def python_function(operation):
+    """The module openapi-python-client makes of an operation: api.<tag>.<snake_id>."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", operation["operationId"]).lower()
+    return f"api.{operation['tags'][0]}.{snake}"
+
+
+def test_generated_clients_md_names_each_operation_as_the_document_does():
+    document, listed = served_document(), set()
+    rows = doc_table("docs/generated-clients.md", "| operation | operationId |")
+    for where, (operation, operation_id, python, typescript, *_) in rows:
+        method, path = re.search(r"`([A-Z]+) ([^`]+)`", operation).groups()
+        listed.add((method, path))
+        items = document["webhooks" if "webhook" in operation else "paths"]
+        served = items.get(path, {}).get(method.lower(), {"operationId": "none"})
+        served_id = served["operationId"]
+        assert operation_id == f"`{served_id}`", f"{where}: the id is {served_id}"
+        assert f'operations["{served_id}"]' in typescript, f"{where}: it is {served_id}"
+        if "webhook" not in operation:  # the service sends it: no client calls it
+            function = python_function(served)
+            assert python == f"`{function}`", f"{where}: the function is {function}"
+    every = {(method, path) for method, path, _ in operations(document)}
+    assert listed == every, f"docs/generated-clients.md: the document has {every}"
+
+
+def test_readme_and_the_example_name_functions_a_generated_client_has():
+    document = served_document()
+    functions = {python_function(operation) for _, path, operation
+                 in operations(document) if path in document["paths"]}  # no webhook
+    where, said = doc_find("README.md", r"named after the operationIds \(([^)]*)\)")
+    for name in re.findall(r"`(\w+)`", said[1]):
+        assert any(f.endswith(f".{name}") for f in functions), f"{where}: no {name}()"
+    imports = r"from plant_store_client\.api\.(\w+) import (.+)"
+    for where, said in doc_matches("docs/generated-clients.md", imports):
+        for name in said[2].split(", "):
+            assert f"api.{said[1]}.{name}" in functions, f"{where}: {functions}"
+
+
+def test_readme_signatures_and_their_defaults_are_the_code_s():
+    for function in make_app, make_server, plantstore.Application:
+        shown = f"{function.__name__}{inspect.signature(function)}"
+        name = function.__name__  # a line of a code block, or `Application(...)`
+        where, said = doc_find("README.md", rf"`{name}\([^`]*\)`|\n{name}\([^\n#]*\)")
+        written = " ".join(said[0].strip("\n`").split())
+        assert written == shown, f"{where}: it is {shown}"
+    for where, (names, _, default) in doc_table("README.md", "| argument | meaning |"):
+        function = make_server if "make_server" in names else make_app
+        for name in re.findall(r"`(\w+)`", names.partition(" (")[0]):
+            value = inspect.signature(function).parameters[name].default
+            if default == "required" or re.fullmatch(r"`-?\d+`", default):
+                empty = value is inspect.Parameter.empty
+                expected = "required" if empty else f"`{value}`"
+                assert default == expected, f"{where}: {name}'s default is {expected}"
+
+
+def test_numbers_the_docs_tie_to_a_constant_are_its_value():
+    """`DB_WAIT_SECONDS` (5 s), 1,000 plants (`PAGE_MAX`), 4 attempts to one URL
+    (`WebhookSender.PER_URL`): the docs name the constant, and this reads it."""
+    constant = r"((?:\w+\.)?[A-Z][A-Z0-9_]+)"  # PAGE_MAX, or WebhookSender.PER_URL
+    for name in every_doc():
+        tied = [(where, said[1], said[2]) for where, said in
+                doc_matches(name, rf"`{constant}` \((\d[\d,]*) s\)")]
+        tied += [(where, said[2], said[1]) for where, said in
+                 doc_matches(name, rf"(\d[\d,]*)[^\d`(]{{0,40}}\(`{constant}`\)")]
+        for where, named, number in tied:
+            value = functools.reduce(getattr, named.split("."), plantstore)
+            said = int(number.replace(",", ""))
+            assert value == said, f"{where}: {named} is {value}"
+
+
+def test_webhooks_md_retry_schedule_is_the_sender_s():
+    where, said = doc_find("docs/webhooks.md", r"with up to \d+% jitter: ([^;]+);")
+    seconds = {"s": 1, "min": 60, "h": 3600}
+    schedule = tuple(int(number) * seconds[unit] for number, unit in
+                     re.findall(r"(\d+) (s|min|h)\b", said[1]))
+    sent = plantstore.WebhookSender.SCHEDULE
+    assert schedule == sent, f"{where}: the sender waits {sent} seconds"
+
+
+def test_decisions_md_limits_are_the_served_ones():
+    limits = {cells[0]: (where, cells[1]) for where, cells in
+              doc_table("docs/decisions.md", "| limit | value |")}
+    body = inspect.signature(make_app).parameters["max_body_bytes"].default
+    where, said = limits["request body"]
+    assert f"{body:,} bytes by default" in said, f"{where}: the default is {body:,}"
+    where, said = limits["`limit` of `GET /plants`"]
+    largest = int(re.search(r"0 to ([\d,]+)", said)[1].replace(",", ""))
+    asked = webtest.TestApp(make_app([TOKEN]))
+    for limit, status in (largest, 200), (largest + 1, 400):
+        got = asked.get(f"/plants?limit={limit}", headers=AUTH, expect_errors=True)
+        assert got.status_int == status, f"{where}: limit={limit} is {got.status}"
+    page = plantstore.PAGE_MAX
+    assert f"streamed {page:,} at a time" in said, f"{where}: a page is {page:,}"
+    where, said = limits["embedded server"]
+    with make_server("127.0.0.1", 0, asked.app) as server:
+        backlog, silent = server.request_queue_size, server.client_timeout
+    assert f"listen backlog {backlog:,}" in said, f"{where}: it is {backlog:,}"
+    assert f"silent for {silent} s" in said, f"{where}: it is {silent} s"
+
+
+def test_retry_after_in_the_docs_is_what_a_503_sends(tmp_path):
+    away = dict(method="GET", path="/plants", store="away")
+    _, headers, _ = call_case(away, tmp_path)
+    sent = headers["Retry-After"]
+    for name in every_doc():  # `Retry-After: 2`, or ("Retry-After", "2") in an example
+        for where, said in doc_matches(name, r'Retry-After(?:: |", ")(\d+)'):
+            assert said[1] == sent, f"{where}: a 503 sends Retry-After: {sent}"
+
+
+def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
+    origin = "https://playground.example"
+    asked = webtest.TestApp(make_app([TOKEN], cors_origins=[origin]))
+    preflight = asked.options("/plants", status=204, headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST"})
+    answer = asked.get("/plants", headers={**AUTH, "Origin": origin}, status=200)
+    sent = {**answer.headers, **preflight.headers}
+    for name in every_doc():
+        for where, said in doc_matches(name, r"`(Access-Control-[\w-]+): ([^`]+)`"):
+            header, value = said[1], " ".join(said[2].split())
+            got = sent.get(header)
+            assert got == value, f"{where}: {header} is {got}"
+
 
 # ---- The benchmark still runs (a smoke run with tiny counts; speed is not asserted here) ----
 

@@ -65,7 +65,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-import plantstore  # noqa: E402
+import plantstore  # noqa: E402 (after sys.path, so that it is this repository's)
 
 TOKEN = secrets.token_urlsafe(32)  # made up per run; reaches servers through the environment only
 CEILING_BODY = b'{"name": "Fern", "tag": "indoor"}'
@@ -134,7 +134,7 @@ def in_process_contenders():
 
 def falcon_installed():
     try:
-        import falcon  # noqa: F401
+        import falcon  # noqa: F401 (imported to learn whether it can be)
     except ImportError:
         return False
     return True
@@ -169,7 +169,7 @@ def time_round(apps, first_id, count, batch=100):
     would be cold in the cache when their turn came.
     """
     statuses = []
-    start_response = lambda status, *_: statuses.append(status)  # noqa: E731
+    start_response = lambda status, *_: statuses.append(status)  # noqa: E731 (a one-line WSGI callback)
     clock = time.perf_counter
     names, elapsed = list(apps), dict.fromkeys(apps, 0.0)
     for turn, start in enumerate(range(first_id, first_id + count, batch)):
@@ -415,7 +415,7 @@ def bench_memory(plants):
     store = plantstore.PlantStore()
     application = plantstore.make_app([TOKEN], store=store)
     tags = ["indoor", "outdoor", "succulent", "fern", "herb"]
-    start_response = lambda *_: None  # noqa: E731
+    start_response = lambda *_: None  # noqa: E731 (a one-line WSGI callback)
     environ = request_environs(0, 1)[0]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -718,7 +718,7 @@ def bench_listing(plants):
         application = plantstore.make_app([TOKEN], store=store)
         environ = request_environs(0, 1)[0]
         environ.update(REQUEST_METHOD="GET", QUERY_STRING="limit=10", CONTENT_LENGTH="")
-        start_response = lambda *_: None  # noqa: E731
+        start_response = lambda *_: None  # noqa: E731 (a one-line WSGI callback)
         begin = time.perf_counter()
         for _ in range(repeat):
             b"".join(application(environ, start_response))

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import bench_plantstore as bench  # noqa: E402
+import bench_plantstore as bench  # noqa: E402 (after sys.path, which finds it)
 
 GRANIAN = [sys.executable, "-m", "granian", "--interface", "wsgi", "--no-ws",
            "--log-level", "warning"]
