@@ -947,8 +947,8 @@ class PostgresStore(SQLStore):
                              "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
                              "them") from None
         except psycopg.Error as error:  # libpq checks its options' values before it connects
-            option = re.search(r'option "(\w+)"|invalid (\w+) value|bad value for (\w+)',
-                               str(error))
+            option = (re.search(r'option "(\w+)"', str(error))  # libpq's for a number
+                      or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error)))
             if option:  # named, never quoted: the value may be a password's neighbour
                 raise ValueError(f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
                                  f"option {next(filter(None, option.groups()))}") from None
