@@ -496,6 +496,7 @@ class Application:
 # ---- Optional parts: each section below plugs into the core above, which never names them ----
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import difflib
@@ -513,6 +514,7 @@ import socket
 import socketserver
 import sqlite3
 import time
+import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
@@ -548,6 +550,10 @@ class SQLStore:
     made when none is free and dropped on its first error. While the database cannot be reached,
     requests answer 503 with Retry-After, and once it is back they succeed again, with no
     restart. The outage is logged once, and so is its end.
+
+    Creates are written by one thread per process, which takes every create waiting at that
+    moment: a batch shares one transaction and one flush to disk (group commit), where each
+    create alone would pay its own. There is no timer: a create that comes alone goes at once.
     """
 
     INSERT = ("INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
@@ -556,6 +562,8 @@ class SQLStore:
     DELETE = "DELETE FROM plants WHERE id = :id RETURNING seq"
     BEGIN = "BEGIN"
     POOL_SIZE = 8  # connections a process holds at most; a request waits for one, within its bound
+    BATCH, BATCH_BYTES = 64, 2**20  # the most creates, and bytes of names and tags, in one commit
+    ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
     unavailable = ()  # the driver's exceptions that mean "the database is away"
 
@@ -567,6 +575,7 @@ class SQLStore:
         self._asking = threading.Lock()  # held by the one health question in flight
         self._answer = 0.0, True  # when the last health answer came, and whether it was yes
         self._pid, self._ready, self._away, self._busy = None, False, False, {}
+        self._queued, self._writing = threading.Condition(), None  # creates for the writer of _pid
 
     def open_at_start(self):
         """Make the tables now, so that a database plantstore cannot use stops the start. No
@@ -579,14 +588,64 @@ class SQLStore:
             self._close(db)
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        """Store the plant and return True, or return False if the id is taken; never overwrite.
+        Its batch's commit is waited for, within DB_WAIT_SECONDS: a 200 means committed."""
+        create = concurrent.futures.Future()  # the writer sets its result: created or not
+        create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        create.size = len(create.plant[1]) + len(create.plant[2] or b"")
+        create.deadline = time.monotonic() + DB_WAIT_SECONDS
+        with self._queued:
+            if self._writing != os.getpid():  # the writer runs in the process that serves
+                self._writing, self._queue = os.getpid(), collections.deque()
+                threading.Thread(target=self._write_batches, name="plantstore-writer",
+                                 daemon=True).start()
+            self._queue.append(create)
+            self._queued.notify()
+        try:
+            return create.result(timeout=max(0, create.deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            create.cancel()  # left out of its batch, unless the batch took it: then it may be done
+            raise unavailable("the database") from None
+
+    def _write_batches(self):
+        """The writer: the creates queued at the moment, oldest first, up to the bounds."""
+        while True:
+            with self._queued:
+                self._queued.wait_for(lambda: self._queue)
+                batch, size = [], 0
+                while self._queue and len(batch) < self.BATCH and size < self.BATCH_BYTES:
+                    batch.append(self._queue.popleft())
+                    size += batch[-1].size
+            batch = [create for create in batch if create.set_running_or_notify_cancel()]
+            if batch:
+                self._write_batch(batch)
+
+    def _write_batch(self, batch):
+        """Write one batch, the plants and their events, in one commit, and answer each create."""
         def insert(run):
-            tag_bytes = None if tag is None else _utf8(tag)
-            created = bool(run(self.INSERT, id=plant_id, name=_utf8(name), tag=tag_bytes))
-            if created and self.on_create:
-                self.on_create(run, plant_id, name, tag)
+            created = self.insert(run, [create.plant for create in batch])
+            for create, new in zip(batch, created, strict=True):
+                if new and self.on_create:
+                    plant_id, name, tag = create.plant
+                    self.on_create(run, plant_id, _text(name), tag and _text(tag))
             return created
-        return self.session(insert, write=True, transaction=self.on_create is not None)
+        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement, atomic itself
+        wait = min(create.deadline for create in batch) - time.monotonic()
+        try:
+            created = self.session(insert, write=True, wait=wait,
+                                   transaction=bool(self.on_create) or several)
+        except Exception as error:  # nothing of the batch is acknowledged
+            for create in batch:
+                create.set_exception(unavailable("the database")
+                                     if isinstance(error, HTTPError) else error)
+        else:
+            for create, new in zip(batch, created, strict=True):
+                create.set_result(new)
+
+    def insert(self, run, plants):
+        """Insert (id, name, tag) rows in order; whether each was created (the first id wins)."""
+        return [bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
+                for plant_id, name, tag in plants]
 
     def ping(self):
         """The health check's question, one in flight per process at most: the checks that come
@@ -859,6 +918,47 @@ class PostgresStore(SQLStore):
                 raise
             # The database is away at start: waited for, as any outage is.
 
+    # What plantstore's own tables hold (pgloader or psql may make others): seq and id are
+    # unique and never NULL, and so a name is never NULL.
+    COLUMNS = ("SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
+               " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
+               " FROM pg_attribute"
+               " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')")
+    # A table filled with its seq values (a move with pgloader, a restore by hand) leaves its
+    # identity behind them, and each create would collide: moved past them, never back.
+    MOVE = ("SELECT setval(q.name, greatest(max, last_value)), max FROM (SELECT max(seq) FROM {0})"
+            " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
+            " WHERE format('%I.%I', schemaname, sequencename) = q.name"
+            " AND max > coalesce(last_value, 0)")
+
+    ONE_STATEMENT = True
+    # A batch in one statement, one round trip: rows take their seq in the order they came.
+    INSERT_MANY = ("INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
+                   "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
+                   " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
+                   " ON CONFLICT (id) DO NOTHING RETURNING id")
+
+    def insert(self, run, plants):
+        if len(plants) == 1:
+            return super().insert(run, plants)
+        ids, names, tags = map(list, zip(*plants))
+        created = collections.Counter(row[0] for row in run(self.INSERT_MANY, ids=ids,
+                                                               names=names, tags=tags))
+        return [created.pop(plant_id, 0) > 0 for plant_id in ids]  # an id once, to the first
+
+    def setup(self, execute):
+        super().setup(execute)
+        for name, not_null, unique in execute(self.COLUMNS).fetchall():
+            if not not_null or name != "name" and not unique:
+                raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not "
+                                 f"make: its {name} column may hold " + ("NULL" if not not_null
+                                                                          else "duplicates"))
+        for table in "plants", "plant_events":
+            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):  # the owner's
+                for _, largest in execute(self.MOVE.format(table)).fetchall():
+                    _log(f"the identity of {table} was behind its largest seq, {largest}: "
+                         "moved past it")
+
     def connect(self, deadline):
         # libpq's connect_timeout is whole seconds, 2 at least: within a health check's bound.
         seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
@@ -873,6 +973,8 @@ class PostgresStore(SQLStore):
                                  daemon=True).start()
             self._busy[db] = deadline
         try:
+            if not parameters:  # psycopg reads no placeholder then: '::' and '%' stay as they are
+                return db.execute(sql)
             return db.execute(_pyformat(sql), parameters)
         finally:
             with self._lock:
@@ -967,7 +1069,7 @@ class WebhookSender:
     # URL's due events, or, to probe a receiver that gave no answer, its oldest (due: any time).
     CLAIM = ("UPDATE plant_events SET lease = :lease WHERE lease <= :now AND seq IN (SELECT seq"
              " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
-             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts")
+             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts, next_at")
     RETRY = ("UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
              " WHERE seq = :seq")
     RELEASE = "UPDATE plant_events SET lease = 0 WHERE seq = :seq"
@@ -980,6 +1082,7 @@ class WebhookSender:
         self._key = webhook_secret_key(secret)
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
         self._store = store if isinstance(store, SQLStore) else None  # None: the outbox in memory
+        self.outbox_is_sql = self._store is not None
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
         self._lock, self._pid, self._waiting = threading.Lock(), None, (0, 0)
@@ -1102,9 +1205,10 @@ class WebhookSender:
         signed = f"{webhook_id}.{timestamp}.".encode() + body
         signature = base64.b64encode(hmac.new(self._key, signed, hashlib.sha256).digest())
         parts = urlsplit(url)
-        kind = (http.client.HTTPSConnection if parts.scheme == "https"
-                else http.client.HTTPConnection)
-        connection = kind(parts.hostname, parts.port, timeout=self.TIMEOUT)
+        https = parts.scheme == "https"  # the port said: http.client reads [::1] as port 1
+        connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
+            parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
+        connection.response_class = _FinalResponse
         self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
             connection.request("POST", (parts.path or "/") + (parts.query and f"?{parts.query}"),
@@ -1113,14 +1217,14 @@ class WebhookSender:
                                       "webhook-signature": f"v1,{signature.decode()}"})
             status = connection.getresponse().status  # no redirect is followed: 3xx is no delivery
             return status if time.monotonic() < deadline else None  # cut: its headers never ended
-        except (OSError, http.client.HTTPException):
+        except Exception:  # refused, cut, garbled: no answer, retried on schedule like any other
             return None
         finally:
             del self._attempts[connection]
             connection.close()
 
     def _settle(self, event, probe, status):
-        seq, url, webhook_id, _, attempts = event
+        seq, url, webhook_id, _, attempts, due = event
         now = time.time()
         if status == 410 and url in self.urls:  # a new list: requests iterate the old one
             self.urls = [other for other in self.urls if other != url]
@@ -1130,7 +1234,7 @@ class WebhookSender:
             self.outbox(self.DONE, seq=seq)
             if self._failing.pop(url, None) is not None:  # through again: the others follow now
                 self.outbox(self.HURRY, now=now, url=url)
-        elif probe and status in (None, 502, 503, 504):  # still no answer: its schedule stays
+        elif probe and status in (None, 502, 503, 504) and due > now:  # its schedule stays
             self.outbox(self.RELEASE, seq=seq)
         else:
             if status in (None, 502, 503, 504):  # no answer from the receiver itself: probe it
@@ -1147,27 +1251,56 @@ class WebhookSender:
 
 
 def check_webhook_url(url):
-    """Return url if it can be delivered to: http(s), a host, a port that parses, no user-info."""
+    """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it can be
+    delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
         parts = urlsplit(url)
         good = (parts.scheme in ("http", "https") and parts.port != 0 and "@" not in parts.netloc
-                and re.fullmatch(r"[\w.:-]+", parts.hostname or "")
+                and re.fullmatch(r"[A-Za-z0-9_.:-]+", parts.hostname or "")
                 and not re.search(r"[\x00-\x20\x7f]", url))
     except ValueError:  # a port that is no number from 0 to 65535
         good = False
     if not good:  # the URL is not repeated: its query may hold a secret
         raise ValueError(f"each URL in {WEBHOOK_URL_VARIABLE} must be http:// or https://, with a "
-                         "host, a port from 1 to 65535 if any, and no user:password@ (never sent)")
-    return url
+                         "host in ASCII (xn-- for others), a port from 1 to 65535 if any, and no "
+                         "user:password@ (never sent)")
+    return quote(url, safe="".join(map(chr, range(33, 127))))  # UTF-8 %-escapes, ASCII as it is
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100 itself."""
+
+    def _read_status(self):
+        while True:
+            version, status, reason = super()._read_status()
+            if status >= 200:
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's headers: nothing to keep
 
 
 def with_webhooks(application, sender):
-    """The application, starting the sender in the process that serves, at its first request."""
+    """The application, starting the sender in the process that serves, at its first request if
+    not before: events that wait in a SQL outbox go at once from a process forked after the app
+    was built (gunicorn --preload's workers), and see built_in_a_worker() and main()."""
     def serve(environ, start_response):
         sender.start_here()
         return application(environ, start_response)
     application.on_create = sender.notify
+    if sender.outbox_is_sql:
+        start = weakref.WeakMethod(sender.start_here)  # a sender no longer used is not kept
+        os.register_at_fork(after_in_child=lambda: start() and start()())
     return serve
+
+
+def built_in_a_worker():
+    """Whether a server is building the app in the worker process that serves it (granian's
+    workers, gunicorn's without --preload), not in a master that forks workers next."""
+    frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
+    while frame and not (frame.f_code.co_name == "load_wsgi"
+                         and frame.f_globals["__name__"].startswith("gunicorn.")):
+        frame = frame.f_back
+    multiprocessing = sys.modules.get("multiprocessing")  # granian's workers are its children
+    return bool(frame or "granian" in sys.modules and multiprocessing.parent_process())
 
 
 def event_json(plant_id, name, tag):
@@ -1761,6 +1894,8 @@ def __getattr__(name):
             raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to "
                              "accept, comma-separated; plantstore never runs without them")
         app = app_from_environ()
+        if app.webhook_sender and built_in_a_worker():  # events from before the start go now
+            app.webhook_sender.start_here()
     except ValueError as problem:  # gunicorn prints its AppImportError in one line, and stops
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
         if "granian" in sys.modules and error is AttributeError:
@@ -1795,7 +1930,8 @@ def main(argv=None):
         if tokens is None:
             tokens = [secrets.token_urlsafe(32)]
             _log(f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}")
-        server = make_server(args.host, args.port, app_from_environ(tokens=tokens))
+        application = app_from_environ(tokens=tokens)
+        server = make_server(args.host, args.port, application)
     except ValueError as error:  # a bad setting: said in one line, and the server does not start
         _log(str(error))
         return 2
@@ -1805,6 +1941,8 @@ def main(argv=None):
     with server:
         host, port = server.server_address[:2]
         _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+        if application.webhook_sender:  # this process serves: events from before the start go now
+            application.webhook_sender.start_here()
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C; how systemd and containers stop it
             signal.signal(stop, _interrupt)  # SIGINT too: a shell's background job ignores it
         try:
