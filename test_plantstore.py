@@ -2006,6 +2006,8 @@ def test_edges_a_percent_encoded_password_reaches_the_database_and_shows_on_no_s
         def may_log_in(yes):
             db.execute(sql.SQL("ALTER ROLE {} " + ("LOGIN" if yes else "NOLOGIN")).format(sql.Identifier(role)))
             db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            wait_until(lambda: not db.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s",
+                                              [role]).fetchall(), "the role's connections stayed")
 
         may_log_in(False)  # an outage: its connection is gone, and no new one is let in
         try:
@@ -2061,7 +2063,7 @@ def test_edges_a_table_locked_elsewhere_costs_a_fresh_servers_requests_their_bou
         locker.close()
     assert [late for *_, late in answers] == [False] * 6  # each answered while the lock was still held
     for status, headers, body, _ in answers:  # creates, then health checks
-        assert (status, body["error"]) == (503, 503) and int(headers["Retry-After"]) > 0, body
+        assert (status, body.get("error")) == (503, 503) and int(headers["Retry-After"]) > 0, body
     for n in range(4):  # a create cut at its bound may have been committed since: 200, or 409
         assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (200, 409)
     assert post_over_http(host, port, TOKEN, {"id": 10, "name": "after"}) == (200, {"name": "after"})
@@ -2264,8 +2266,8 @@ def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_
                                                                                            raw_receiver):
     hook = raw_receiver()
     url = hook.url("/réception")
-    assert plantstore.options_from_environ({"PLANTSTORE_WEBHOOK_URL": url, "PLANTSTORE_WEBHOOK_SECRET": SECRET}
-                                           )["webhook_urls"] == [url]  # accepted
+    settings = {"PLANTSTORE_WEBHOOK_URL": url, "PLANTSTORE_WEBHOOK_SECRET": SECRET}
+    assert len(plantstore.options_from_environ(settings)["webhook_urls"]) == 1  # accepted, not refused
     post(webhook_app(store, url), {"id": 1, "name": "Fern"}, 200)
     wait_until(lambda: hook.requests, "the event never came", 10)
     assert hook.requests == [("/r%C3%A9ception", {"id": 1, "name": "Fern"})]
