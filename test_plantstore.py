@@ -2336,7 +2336,7 @@ def start_a_server(kind, spawn, env, database):
 def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(kind, database, spawn,
                                                                                    receiver, tmp_path, request):
     hook = receiver()
-    port = hook.server.server_address[1]
+    hook_port = hook.server.server_address[1]
     hook.stop()  # the receiver is down while the plants are created
     db = str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
 
@@ -2350,16 +2350,16 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
 
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, PLANTSTORE_WEBHOOK_URL=hook.url,
                                  PLANTSTORE_WEBHOOK_SECRET=SECRET)
-    process, host, port_ = start_a_server(kind, spawn, env, database)
+    process, host, port = start_a_server(kind, spawn, env, database)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        statuses = pool.map(lambda n: post_over_http(host, port_, TOKEN, {"id": n, "name": f"p{n}"})[0], range(50))
+        statuses = pool.map(lambda n: post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0], range(50))
         assert list(statuses) == [200] * 50
     assert outbox("SELECT count(*) FROM plant_events") == 50  # each waits in the outbox
     wait_until(lambda: outbox("SELECT count(*) FROM plant_events WHERE lease > %s", time.time()) == 0,
                "an attempt to a receiver that is down never ended")  # else its event waits out its lease
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(WAIT)
-    back = receiver(port)
+    back = receiver(hook_port)
     start_a_server(kind, spawn, env, database)  # and no request, from here on
     wait_until(lambda: len(back.delivered()) >= 50, lambda: f"{len(back.delivered())} of 50 events came", 20)
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
