@@ -1920,6 +1920,470 @@ def test_kill_9_between_creates_and_their_delivery_loses_no_event(spawn, receive
     assert SECRET.removeprefix("whsec_") not in logged + err.rest()
 
 
+# ---- Promises at the edges (issue 29) ----
+
+EDGE_PASSWORD_PARTS = ("S3cretPW", "S3c", "retPW")  # the password, and the parts libpq would show of it
+
+
+# PLANTSTORE_DB values of no form it takes; {closed} is a port nothing listens on, which libpq never reaches:
+# it refuses the option's value first.
+DB_FORMS_OF_NO_KIND = {
+    "double-quoted-url": '"postgresql://app:S3cretPW@127.0.0.1/db"',
+    "single-quoted-libpq-string": "'host=127.0.0.1 password=S3cretPW'",
+    "byte-order-mark": "\ufeffpostgresql://app:S3cretPW@127.0.0.1/db",
+    "no-colon-after-the-scheme": "postgresql//app:S3cretPW@127.0.0.1/db",
+    "at-in-the-password": "postgresql://app:S3c@retPW@127.0.0.1/plants",
+    "question-mark-in-the-password": "postgresql://app:S3c?retPW@127.0.0.1/db",
+    "hash-in-the-password": "postgresql://app:S3c#retPW@127.0.0.1/db",
+    **{f"{option}={value}": f"host=127.0.0.1 port={{closed}} {option}={value} password=S3cretPW dbname=plants"
+       for option, value in [("connect_timeout", "abc"), ("sslmode", "bogus"), ("keepalives", "x")]},
+}
+
+
+def db_form_of_no_kind(form):
+    return DB_FORMS_OF_NO_KIND[form].format(closed=free_port())
+
+
+def assert_no_secret_and_the_option_named(said, form):
+    """No traceback, nothing of the password nor the user-info; a libpq option named, its value never quoted."""
+    assert "Traceback" not in said and "app:" not in said
+    for part in EDGE_PASSWORD_PARTS:
+        assert part not in said
+    if "=" in form:
+        option, value = form.split("=")
+        assert f"option {option}" in said and not re.search(rf"\b{value}\b", said), said
+
+
+@pytest.mark.parametrize("form", DB_FORMS_OF_NO_KIND)
+def test_edges_python_plantstore_py_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(form, tmp_path):
+    (tmp_path / "tmp").mkdir()  # the process's own temporary folder, to see that nothing lands in it
+    value = db_form_of_no_kind(form)
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=value, TMPDIR=str(tmp_path / "tmp"))
+    said = "".join(lines)
+    assert code == 2 and len(lines) == 1 and said.startswith("plantstore: PLANTSTORE_DB"), lines
+    assert_no_secret_and_the_option_named(said, form)
+    assert value.strip("\"'\ufeff") not in said
+    assert [path.name for path in tmp_path.iterdir()] == ["tmp"] and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("form", ["single-quoted-libpq-string", "at-in-the-password", "keepalives=x"])
+def test_edges_gunicorn_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(form, spawn, tmp_path):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db_form_of_no_kind(form),
+                                 TMPDIR=str(tmp), PYTHONPATH=str(HERE))  # this plantstore.py, from `work`
+    process = spawn([sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-b", "127.0.0.1:0",
+                     "--chdir", str(work), "plantstore:app"], env)
+    assert process.wait(WAIT) != 0
+    said = process.stderr.read()
+    named = [line for line in said.splitlines() if "PLANTSTORE_DB" in line]
+    assert len(named) == 1 and named[0].startswith("PLANTSTORE_DB"), said  # AppImportError's line, as it is
+    assert_no_secret_and_the_option_named(said, form)
+    assert list(work.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+AWKWARD_PASSWORD = "S3c@re?t#PW"  # @ ? #: each written percent-encoded in a URL
+
+
+@pytest.fixture
+def awkward_role(limited_role, postgres):
+    """limited_role, its password holding @ ? and #, given its tables by their owner; and its URL."""
+    with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+        db.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(limited_role["role"]),
+                                                               sql.Literal(AWKWARD_PASSWORD)))
+    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
+    grant_the_tables(limited_role)
+    role = limited_role["role"]
+    encoded = AWKWARD_PASSWORD.replace("@", "%40").replace("?", "%3F").replace("#", "%23")
+    return {**limited_role, "url": f"postgresql://{role}:{encoded}@127.0.0.1:{postgres.port}/{role}"}
+
+
+def test_edges_a_percent_encoded_password_reaches_the_database_and_shows_on_no_start_or_outage_line(
+        awkward_role, spawn):
+    role = awkward_role["role"]
+    process = spawn([sys.executable, "plantstore.py", "--port", "0"],
+                    environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=awkward_role["url"]))
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert f"plants in PostgreSQL postgresql://{role}@127.0.0.1:" in "".join(err.seen)
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    with psycopg.connect(awkward_role["owner"], autocommit=True) as db:
+        assert db.execute("SELECT id FROM plants").fetchall() == [(1,)]  # stored, by the role with that password
+
+        def may_log_in(yes):
+            db.execute(sql.SQL("ALTER ROLE {} " + ("LOGIN" if yes else "NOLOGIN")).format(sql.Identifier(role)))
+            db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
+            wait_until(lambda: not db.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s",
+                                              [role]).fetchall(), "the role's connections stayed")
+
+        may_log_in(False)  # an outage: its connection is gone, and no new one is let in
+        try:
+            status, headers, body = exchange(host, port, "POST", "/plants", {"id": 2, "name": "Ivy"})
+            assert status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503
+            err.until("is unavailable")
+        finally:
+            may_log_in(True)
+    assert post_over_http(host, port, TOKEN, {"id": 3, "name": "Moss"}) == (200, {"name": "Moss"})
+    err.until("reachable again")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    said = err.rest()
+    assert f"postgresql://{role}@127.0.0.1" in said and "Traceback" not in said
+    for part in (AWKWARD_PASSWORD, "S3c", "re?t", "#PW", "%40re", "%23PW"):
+        assert part not in said
+
+
+def test_edges_a_table_locked_elsewhere_costs_a_fresh_servers_requests_their_bound_not_the_locks_length(
+        spawn, pg_url):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    _, host, port, _ = start_gunicorn(spawn, env, 1, 8)
+    deadline = time.monotonic() + WAIT
+    while True:  # the worker has built the app, and made the tables: asking no question of the database
+        with contextlib.suppress(OSError):
+            if exchange(host, port, "GET", "/openapi.json")[0] == 200:
+                break
+        assert time.monotonic() < deadline, "gunicorn never served"
+        time.sleep(0.05)
+    locker = psycopg.connect(pg_url)  # not autocommit: the lock lasts until the transaction ends
+    locker.execute("LOCK TABLE plants IN ACCESS EXCLUSIVE MODE")
+    released, release_once = threading.Event(), threading.Lock()
+
+    def release():
+        with release_once:
+            if not released.is_set():
+                released.set()  # set first: an answer that finds it unset came while the lock was held
+                locker.rollback()
+
+    timer = threading.Timer(15, release)  # the lock is held ~15 s at most, whatever happens here
+    timer.start()
+    try:
+        def ask(n):
+            if n < 4:
+                answer = exchange(host, port, "POST", "/plants", {"id": n, "name": f"p{n}"})
+            else:
+                answer = exchange(host, port, "GET", "/health")
+            return (*answer, released.is_set())
+        answers = in_threads(6, ask)
+    finally:
+        release()
+        timer.cancel()
+        locker.close()
+    assert [late for *_, late in answers] == [False] * 6  # each answered while the lock was still held
+    for status, headers, body, _ in answers:  # creates, then health checks
+        assert (status, body.get("error")) == (503, 503) and int(headers["Retry-After"]) > 0, body
+    for n in range(4):  # a create cut at its bound may have been committed since: 200, or 409
+        assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (200, 409)
+    assert post_over_http(host, port, TOKEN, {"id": 10, "name": "after"}) == (200, {"name": "after"})
+    assert exchange(host, port, "GET", "/health")[0] == 200
+
+
+STATUSES_RAISED = [(499, 499), (600, 500), ("503", 500), (100, 500), (102, 500)]  # raised, answered
+
+
+class RaisingStore:
+    """A store whose add raises plantstore.HTTPError with the status it was given."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def add(self, plant_id, name, tag):
+        raise plantstore.HTTPError(self.status, f"the store raised {self.status!r}")
+
+    def page(self, after, limit):
+        return []
+
+    def delete(self, plant_id):
+        return False
+
+
+@pytest.mark.parametrize("raised, answered", STATUSES_RAISED, ids=[repr(raised) for raised, _ in STATUSES_RAISED])
+def test_edges_any_status_a_store_raises_is_a_final_answer_under_webtest(raised, answered):
+    application = webtest.TestApp(make_app([TOKEN], store=RaisingStore(raised)))  # lint: WSGI's validator
+    response = post(application, {"id": 1, "name": "Fern"}, answered)
+    assert_error(response, answered)
+    if answered == 500:  # no status of HTTP: the server's fault, logged once
+        assert response.json["message"] == "internal server error"
+        assert response.errors.count("Traceback") == 1
+        assert response.errors.count(f"plantstore.HTTPError: the store raised {raised!r}") == 1
+    else:
+        assert response.json["message"] == f"the store raised {raised!r}" and response.errors == ""
+
+
+RAISING_APP = """
+import os
+
+import plantstore
+
+STATUSES = {STATUSES}  # by plant id: the status the store raises
+
+
+class RaisingStore:
+    def add(self, plant_id, name, tag):
+        raise plantstore.HTTPError(STATUSES[plant_id], f"the store raised {{STATUSES[plant_id]!r}}")
+
+    def page(self, after, limit):
+        return []
+
+    def delete(self, plant_id):
+        return False
+
+
+app = plantstore.make_app(os.environ["PLANTSTORE_TOKENS"].split(","), store=RaisingStore())
+"""
+
+
+def wait_listening(process, port):
+    deadline = time.monotonic() + WAIT
+    while True:
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
+            return
+        assert process.poll() is None and time.monotonic() < deadline, "the server is not listening"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("server", ["gunicorn", "granian"])
+def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(server, spawn, tmp_path):
+    statuses = {n: raised for n, (raised, _) in enumerate(STATUSES_RAISED, 1)}
+    (tmp_path / "raising_app.py").write_text(RAISING_APP.format(STATUSES=statuses))
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PYTHONPATH=str(tmp_path))  # plantstore: this folder's
+    if server == "gunicorn":
+        process = spawn([sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-b", "127.0.0.1:0",
+                         "raising_app:app"], env)
+        log = Lines(process.stderr)
+        port = int(log.until(r"Listening at: http://[\d.]+:(\d+)")[1])
+    else:
+        command = granian_command("memory")
+        command[-1] = "raising_app:app"
+        process = spawn(command, env)
+        port = int(command[command.index("--port") + 1])
+    wait_listening(process, port)
+    for plant_id, (raised, answered) in enumerate(STATUSES_RAISED, 1):
+        status, headers, body = exchange("127.0.0.1", port, "POST", "/plants", {"id": plant_id, "name": "Fern"})
+        assert (status, body["error"]) == (answered, answered), raised  # final, with a client's timeout
+        assert {name.lower(): value for name, value in headers.items()}["content-type"] == "application/json"
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(WAIT)
+    logged = (log.rest() if server == "gunicorn" else process.stderr.read()) + process.stdout.read()
+    for raised, answered in STATUSES_RAISED:
+        assert logged.count(f"plantstore.HTTPError: the store raised {raised!r}") == (answered == 500), raised
+
+
+def test_edges_a_health_flood_holds_no_more_than_the_pool_and_holds_up_no_other_instance(spawn, pg_url):
+    def embedded(url):
+        process = spawn([sys.executable, "plantstore.py", "--port", "0"],
+                        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url))
+        err = Lines(process.stderr)
+        return process, err, err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+
+    flooded, flooded_err, address = embedded(pg_url + "?application_name=flooded")  # its connections, named
+    _, _, other = embedded(pg_url)
+    ending, statuses = time.monotonic() + 4, []
+
+    def flood(n):
+        while time.monotonic() < ending:
+            try:
+                statuses.append(exchange(*address, "GET", "/health")[0])
+            except OSError as error:  # counted: a refused or reset connection is an answer too
+                statuses.append(repr(error))
+
+    clients = [threading.Thread(target=flood, args=(n,)) for n in range(60)]
+    for client in clients:
+        client.start()
+    held, created = [], None
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            while time.monotonic() < ending:
+                held.append(db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'flooded'")
+                            .fetchone()[0])
+                if created is None and len(statuses) > 60:  # the flood is on: a create on the other instance
+                    created = post_over_http(*other, TOKEN, {"id": 1, "name": "Fern"}), time.monotonic() < ending
+                time.sleep(0.05)
+    finally:
+        for client in clients:
+            client.join(WAIT)
+    assert created == ((200, {"name": "Fern"}), True)  # answered while the flood was still on
+    assert max(held) <= plantstore.SQLStore.POOL_SIZE + 1, held
+    assert len(statuses) > 60 and set(statuses) == {200}
+    flooded.send_signal(signal.SIGINT)
+    assert flooded.wait(WAIT) == 0
+    assert "unavailable" not in flooded_err.rest()
+
+
+class RawReceiver:
+    """A webhook receiver on a raw socket: records each request's target and verified payload, then sends
+    `answer` as it is (HTTP or not) and closes."""
+
+    def __init__(self, answer=b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", host="127.0.0.1", port=0):
+        self.listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.port, self.answer, self.requests = self.listener.getsockname()[1], answer, []  # (target, payload)
+        self.verifier = standardwebhooks.Webhook(SECRET)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, path="/hook"):
+        host = self.listener.getsockname()[0]
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}{path}"
+
+    def _accept(self):
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = self.listener.accept()
+                threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    def _answer(self, connection):
+        with connection, contextlib.suppress(OSError):
+            connection.settimeout(WAIT)
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := connection.recv(65536)):
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            headers = dict(line.split(": ", 1) for line in lines[1:])
+            while len(body) < int(headers["Content-Length"]) and (chunk := connection.recv(65536)):
+                body += chunk
+            self.requests.append((lines[0].split(" ")[1], self.verifier.verify(body, headers)))
+            connection.sendall(self.answer)
+
+    def stop(self):
+        self.listener.close()
+
+
+@pytest.fixture
+def raw_receiver():
+    receivers = []
+
+    def start(*args, **kwargs):
+        receivers.append(RawReceiver(*args, **kwargs))
+        return receivers[-1]
+
+    yield start
+    for started in receivers:
+        started.stop()
+
+
+def wait_until(condition, what, seconds=WAIT):
+    """Wait for condition(), failing after `seconds` with `what` (or what(), said as things are then)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.05)
+
+
+def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_as_utf_8(store, webhook_app,
+                                                                                           raw_receiver):
+    hook = raw_receiver()
+    url = hook.url("/réception")
+    settings = {"PLANTSTORE_WEBHOOK_URL": url, "PLANTSTORE_WEBHOOK_SECRET": SECRET}
+    assert len(plantstore.options_from_environ(settings)["webhook_urls"]) == 1  # accepted, not refused
+    post(webhook_app(store, url), {"id": 1, "name": "Fern"}, 200)
+    wait_until(lambda: hook.requests, "the event never came", 10)
+    assert hook.requests == [("/r%C3%A9ception", {"id": 1, "name": "Fern"})]
+
+
+def test_edges_a_webhook_url_on_ipv6_loopback_is_delivered_to_its_port_or_else_to_80(store, webhook_app,
+                                                                                     raw_receiver):
+    with_port = raw_receiver(host="::1")
+    on_80 = raw_receiver(host="::1", port=80)  # root may bind it; if it cannot, the test fails
+    application = webhook_app(store, with_port.url(), "http://[::1]/hook")
+    post(application, {"id": 1, "name": "Fern"}, 200)
+    wait_until(lambda: with_port.requests and on_80.requests,
+               lambda: f"events to [::1]: {with_port.requests} with its port, {on_80.requests} on port 80", 10)
+    assert with_port.requests == on_80.requests == [("/hook", {"id": 1, "name": "Fern"})]
+
+
+def test_edges_a_receiver_that_answers_garbage_is_retried_on_the_schedule_then_given_up_and_holds_up_no_other(
+        store, webhook_app, raw_receiver, receiver, capsys):
+    garbage, healthy = raw_receiver(b"SSH-2.0-OpenSSH_9.2p1\r\n"), receiver()  # not HTTP at all
+    application = webhook_app(store, garbage.url(), healthy.url)
+    post(application, {"id": 1, "name": "Fern"}, 200)
+    wait_until(lambda: len(garbage.requests) >= 2, "a garbage answer was not retried", 10)
+    for plant_id in (2, 3):  # created while the garbage receiver's events are retried
+        post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+    assert sorted(plant["id"] for plant in healthy.wait_for(3)) == [1, 2, 3]
+    logged = []
+    wait_until(lambda: logged.append(capsys.readouterr().err) or "".join(logged).count("is given up") == 3,
+               "a delivery to the garbage receiver was never given up", 10)
+    time.sleep(0.5)  # and no attempt after that
+    attempts = 1 + len(plantstore.WebhookSender.SCHEDULE)
+    assert collections.Counter(payload["id"] for _, payload in garbage.requests) == {1: attempts, 2: attempts,
+                                                                                    3: attempts}
+    assert "".join(logged).count(f"is given up after {attempts} attempts") == 3
+
+
+def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_once(webhook_app, raw_receiver,
+                                                                                   tmp_path, capsys):
+    hints = raw_receiver(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n"
+                         b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    path = tmp_path / "plants.sqlite3"
+    post(webhook_app(SQLiteStore(path), hints.url()), {"id": 1, "name": "Fern"}, 200)
+
+    def outbox():
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return db.execute("SELECT count(*) FROM plant_events").fetchone()[0]
+    wait_until(lambda: hints.requests and outbox() == 0, "the event never left the outbox", 10)
+    time.sleep(0.5)  # two steps of the schedule: a retry would have come
+    assert hints.requests == [("/hook", {"id": 1, "name": "Fern"})]
+    assert "given up" not in capsys.readouterr().err
+
+
+def start_a_server(kind, spawn, env, database):
+    """Start plantstore under one of the servers; return (process, host, port) without sending a request."""
+    if kind == "python-plantstore-py":
+        process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
+        host, port = Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+        return process, host, port
+    if kind == "granian":
+        server = start_granian(spawn, env, database)
+        return server.process, "127.0.0.1", server.port
+    return start_gunicorn(spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else []))[:3]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize("kind", ["python-plantstore-py", "gunicorn", "gunicorn-preload", "granian"])
+def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(kind, database, spawn,
+                                                                                   receiver, tmp_path, request):
+    hook = receiver()
+    hook_port = hook.server.server_address[1]
+    hook.stop()  # the receiver is down while the plants are created
+    db = str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
+
+    def outbox(query, *args):
+        """One number from the outbox, read as the operator would."""
+        if database == "sqlite":
+            with contextlib.closing(sqlite3.connect(db)) as connection:
+                return connection.execute(query.replace("%s", "?"), args).fetchone()[0]
+        with psycopg.connect(db, autocommit=True) as connection:
+            return connection.execute(query, args).fetchone()[0]
+
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, PLANTSTORE_WEBHOOK_URL=hook.url,
+                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    process, host, port = start_a_server(kind, spawn, env, database)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = pool.map(lambda n: post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0], range(50))
+        assert list(statuses) == [200] * 50
+    assert outbox("SELECT count(*) FROM plant_events") == 50  # each waits in the outbox
+    wait_until(lambda: outbox("SELECT count(*) FROM plant_events WHERE lease > %s", time.time()) == 0,
+               "an attempt to a receiver that is down never ended")  # else its event waits out its lease
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(WAIT)
+    back = receiver(hook_port)
+    start_a_server(kind, spawn, env, database)  # and no request, from here on
+    wait_until(lambda: len(back.delivered()) >= 50, lambda: f"{len(back.delivered())} of 50 events came", 20)
+    assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
+
+
+def test_edges_importing_plantstore_and_making_apps_start_no_thread(tmp_path, pg_url):
+    before = set(threading.enumerate())
+    spec = importlib.util.spec_from_file_location("plantstore_imported_again", HERE / "plantstore.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for store in None, module.SQLiteStore(tmp_path / "plants.sqlite3"), module.PostgresStore(pg_url):
+        module.make_app([TOKEN], store=store, webhook_urls=["http://127.0.0.1:9/hook"], webhook_secret=SECRET,
+                        cors_origins=["https://example.org"])
+    assert [thread.name for thread in threading.enumerate() if thread not in before] == []
+
+
 # ---- The OpenAPI document, and schemathesis against it ----
 
 def test_openapi_document_is_served_without_a_token_and_is_valid(app):
