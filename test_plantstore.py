@@ -1511,6 +1511,42 @@ def serve_batches(spawn, server, database, db, **settings):
     return started.process, ("127.0.0.1", started.port)
 
 
+def queued_behind_a_held_batch(store, application, bodies):
+    """POST a first create, and hold its batch until each of `bodies` is queued behind it, one after another
+    (so their order of arrival is known); return the batches written, as lists of ids, and each answer by
+    its place in `bodies` ("held" for the first)."""
+    batches, release, insert = [], threading.Event(), store.insert
+
+    def held_insert(run, plants):
+        batches.append([plant_id for plant_id, _, _ in plants])
+        if len(batches) == 1:
+            release.wait(WAIT)
+        return insert(run, plants)
+
+    store.insert = held_insert
+    answers = {}
+
+    def send(k, body):
+        answers[k] = call(application, body=json.dumps(body).encode())[0]
+
+    threads = [threading.Thread(target=send, args=("held", {"id": 0, "name": "create held"}))]
+    threads[0].start()
+    try:
+        deadline = time.monotonic() + WAIT
+        for k, body in enumerate([*bodies, None]):
+            while not (batches if k == 0 else len(store._queue) == k):  # the one before is queued
+                assert time.monotonic() < deadline, "the creates did not queue"
+                time.sleep(0.005)
+            if body is not None:
+                threads.append(threading.Thread(target=send, args=(k, body)))
+                threads[-1].start()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(WAIT)
+    return batches, answers
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(database, tmp_path, request,
                                                                                webhook_app, receiver):
@@ -1521,44 +1557,42 @@ def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(da
     db = batch_database(database, tmp_path, request)
     store = SQLiteStore(db) if database == "sqlite" else PostgresStore(db)
     application = webhook_app(store, hook.url).app
-    batches, release, insert = [], threading.Event(), store.insert
-
-    def held_insert(run, plants):  # the first batch waits until every other create is queued
-        batches.append([plant_id for plant_id, _, _ in plants])
-        if len(batches) == 1:
-            release.wait(WAIT)
-        return insert(run, plants)
-
-    store.insert = held_insert
-    answers = {}
-
-    def send(k, plant_id):
-        answers[k] = create(application, plant_id, f"create {k}")
-
     ids = [0, 1, 2, 1, 3, 0, 2, 4, 4, 5]  # 0 is the held create's; 1, 2 and 4 come twice in the next batch
-    threads = [threading.Thread(target=send, args=("held", 0))]
-    threads[0].start()
-    try:
-        deadline = time.monotonic() + WAIT
-        for k, plant_id in enumerate(ids):
-            while not (batches if k == 0 else len(store._queue) == k):  # one at a time: arrival order is known
-                assert time.monotonic() < deadline, "the creates did not queue"
-                time.sleep(0.005)
-            threads.append(threading.Thread(target=send, args=(k, plant_id)))
-            threads[-1].start()
-        while len(store._queue) < len(ids):
-            assert time.monotonic() < deadline, "the creates did not queue"
-            time.sleep(0.005)
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join(WAIT)
+    plants = [(f"create {k}" + (" \x00 \ud800 \U0001f33f" if k % 3 == 0 else ""), "indoor" if k % 2 else None)
+              for k in range(len(ids))]  # tags and NULLs in one batch; a NUL, a lone surrogate, a 4-byte UTF-8
+    bodies = [{"id": plant_id, "name": name, **({"tag": tag} if tag else {})}
+              for plant_id, (name, tag) in zip(ids, plants, strict=True)]
+    batches, answers = queued_behind_a_held_batch(store, application, bodies)
     assert batches == [[0], ids]
     winners = [k for k, plant_id in enumerate(ids) if plant_id not in [0, *ids[:k]]]
     assert answers == {"held": 200, **{k: 200 if k in winners else 409 for k in range(len(ids))}}
-    assert store.list() == [("create held", None)] + [(f"create {k}", None) for k in winners]
+    assert store.list() == [("create held", None)] + [plants[k] for k in winners]
     events = [json.loads(bytes(body)) for body, in store.run("SELECT body FROM plant_events ORDER BY seq")]
-    assert events == [{"id": 0, "name": "create held"}] + [{"id": ids[k], "name": f"create {k}"} for k in winners]
+    assert events == [{"id": 0, "name": "create held"}] + [bodies[k] for k in winners]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize("bound", ["creates", "bytes"])
+def test_group_commit_a_long_queue_is_written_in_bounded_batches_in_arrival_order(database, bound, tmp_path,
+                                                                                  request):
+    """More creates queued than one batch takes: batches of at most BATCH creates, or of BATCH_BYTES of names
+    and tags (passed by the create that reaches it, so by less than one body), oldest first."""
+    db = batch_database(database, tmp_path, request)
+    store = SQLiteStore(db) if database == "sqlite" else PostgresStore(db)
+    if bound == "creates":
+        bodies = [{"id": 1 + k % 70, "name": f"create {k}"} for k in range(100)]  # 30 ids come twice
+    else:
+        bodies = [{"id": 1 + k, "name": f"create {k} ".ljust(MAX_BODY_BYTES - 100, "x"), "tag": "t"} for k in range(24)]
+    batches, answers = queued_behind_a_held_batch(store, make_app([TOKEN], store=store), bodies)
+    assert batches[0] == [0] and sum(batches[1:], []) == [body["id"] for body in bodies] and len(batches) > 2
+    sizes = {body["id"]: len(body["name"]) + len(body.get("tag", "")) for body in bodies}
+    for batch in batches[1:]:
+        assert len(batch) <= store.BATCH and sum(sizes[plant_id] for plant_id in batch[:-1]) < store.BATCH_BYTES
+    if bound == "creates":
+        assert [len(batch) for batch in batches] == [1, store.BATCH, len(bodies) - store.BATCH]
+    winners = [k for k, body in enumerate(bodies) if body["id"] not in [b["id"] for b in bodies[:k]]]
+    assert answers == {"held": 200, **{k: 200 if k in winners else 409 for k in range(len(bodies))}}
+    assert [name for name, _ in store.list()] == ["create held"] + [bodies[k]["name"] for k in winners]
 
 
 SERVED = [pytest.param("sqlite", "gunicorn", id="sqlite-gunicorn"), pytest.param("postgres", "granian",
