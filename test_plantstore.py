@@ -1488,6 +1488,318 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
     assert "unavailable" not in err.rest()  # no request failed, so no outage was seen
 
 
+# ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
+
+def batch_database(database, tmp_path, request):
+    """Where the plants go: an SQLite file of this test, or the suite's PostgreSQL, emptied."""
+    return str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
+
+
+def read_database(db, query):
+    """Rows read straight from the database, with no plantstore in between."""
+    if db.startswith("postgresql://"):
+        with psycopg.connect(db) as connection:
+            return connection.execute(query).fetchall()
+    with contextlib.closing(sqlite3.connect(db)) as connection:
+        return connection.execute(query).fetchall()
+
+
+def stored_plants(db):
+    """{id: name} of every plant the database holds."""
+    return {plant_id: bytes(name).decode() for plant_id, name in read_database(db, "SELECT id, name FROM plants")}
+
+
+def serve_batches(spawn, server, database, db, **settings):
+    """gunicorn -w 2 --threads 4, or granian with the recipe for the store; return (process, (host, port))."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, **settings)
+    if server == "gunicorn":
+        process, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+        return process, (host, port)
+    started = start_granian(spawn, env, database)
+    return started.process, ("127.0.0.1", started.port)
+
+
+def queued_behind_a_held_batch(store, application, bodies):
+    """POST a first create, and hold its batch until each of `bodies` is queued behind it, one after another
+    (so their order of arrival is known); return the batches written, as lists of ids, and each answer by
+    its place in `bodies` ("held" for the first)."""
+    batches, release, insert = [], threading.Event(), store.insert
+
+    def held_insert(run, plants):
+        batches.append([plant_id for plant_id, _, _ in plants])
+        if len(batches) == 1:
+            release.wait(WAIT)
+        return insert(run, plants)
+
+    store.insert = held_insert
+    answers = {}
+
+    def send(k, body):
+        answers[k] = call(application, body=json.dumps(body).encode())[0]
+
+    threads = [threading.Thread(target=send, args=("held", {"id": 0, "name": "create held"}))]
+    threads[0].start()
+    try:
+        deadline = time.monotonic() + WAIT
+        for k, body in enumerate([*bodies, None]):
+            while not (batches if k == 0 else len(store._queue) == k):  # the one before is queued
+                assert time.monotonic() < deadline, "the creates did not queue"
+                time.sleep(0.005)
+            if body is not None:
+                threads.append(threading.Thread(target=send, args=(k, body)))
+                threads[-1].start()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(WAIT)
+    return batches, answers
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(database, tmp_path, request,
+                                                                               webhook_app, receiver):
+    """Creates queued behind a commit under way go in the next batch, together: each answered for itself,
+    a repeated id to the first that came, rows and their webhook events in the order the creates came."""
+    hook = receiver()
+    hook.stop()  # the events stay in plant_events, where the test reads them
+    db = batch_database(database, tmp_path, request)
+    store = SQLiteStore(db) if database == "sqlite" else PostgresStore(db)
+    application = webhook_app(store, hook.url).app
+    ids = [0, 1, 2, 1, 3, 0, 2, 4, 4, 5]  # 0 is the held create's; 1, 2 and 4 come twice in the next batch
+    plants = [(f"create {k}" + (" \x00 \ud800 \U0001f33f" if k % 3 == 0 else ""), "indoor" if k % 2 else None)
+              for k in range(len(ids))]  # tags and NULLs in one batch; a NUL, a lone surrogate, a 4-byte UTF-8
+    bodies = [{"id": plant_id, "name": name, **({"tag": tag} if tag else {})}
+              for plant_id, (name, tag) in zip(ids, plants, strict=True)]
+    batches, answers = queued_behind_a_held_batch(store, application, bodies)
+    assert batches == [[0], ids]
+    winners = [k for k, plant_id in enumerate(ids) if plant_id not in [0, *ids[:k]]]
+    assert answers == {"held": 200, **{k: 200 if k in winners else 409 for k in range(len(ids))}}
+    assert store.list() == [("create held", None)] + [plants[k] for k in winners]
+    events = [json.loads(bytes(body)) for body, in store.run("SELECT body FROM plant_events ORDER BY seq")]
+    assert events == [{"id": 0, "name": "create held"}] + [bodies[k] for k in winners]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize("bound", ["creates", "bytes"])
+def test_group_commit_a_long_queue_is_written_in_bounded_batches_in_arrival_order(database, bound, tmp_path,
+                                                                                  request):
+    """More creates queued than one batch takes: batches of at most BATCH creates, or of BATCH_BYTES of names
+    and tags (passed by the create that reaches it, so by less than one body), oldest first."""
+    db = batch_database(database, tmp_path, request)
+    store = SQLiteStore(db) if database == "sqlite" else PostgresStore(db)
+    if bound == "creates":
+        bodies = [{"id": 1 + k % 70, "name": f"create {k}"} for k in range(100)]  # 30 ids come twice
+    else:
+        bodies = [{"id": 1 + k, "name": f"create {k} ".ljust(MAX_BODY_BYTES - 100, "x"), "tag": "t"} for k in range(24)]
+    batches, answers = queued_behind_a_held_batch(store, make_app([TOKEN], store=store), bodies)
+    assert batches[0] == [0] and sum(batches[1:], []) == [body["id"] for body in bodies] and len(batches) > 2
+    sizes = {body["id"]: len(body["name"]) + len(body.get("tag", "")) for body in bodies}
+    for batch in batches[1:]:
+        assert len(batch) <= store.BATCH and sum(sizes[plant_id] for plant_id in batch[:-1]) < store.BATCH_BYTES
+    if bound == "creates":
+        assert [len(batch) for batch in batches] == [1, store.BATCH, len(bodies) - store.BATCH]
+    winners = [k for k, body in enumerate(bodies) if body["id"] not in [b["id"] for b in bodies[:k]]]
+    assert answers == {"held": 200, **{k: 200 if k in winners else 409 for k in range(len(bodies))}}
+    assert [name for name, _ in store.list()] == ["create held"] + [bodies[k]["name"] for k in winners]
+
+
+SERVED = [pytest.param("sqlite", "gunicorn", id="sqlite-gunicorn"), pytest.param("postgres", "granian",
+                                                                                   id="postgres-granian")]
+KILLED = [pytest.param("sqlite", "granian", id="sqlite-granian"), pytest.param("postgres", "gunicorn",
+                                                                                 id="postgres-gunicorn")]
+
+
+@pytest.mark.parametrize("database, server", SERVED)
+def test_group_commit_a_burst_with_repeated_ids_stores_exactly_the_creates_answered_200(
+        spawn, tmp_path, request, database, server):
+    """16 clients, 320 creates of 128 ids, each id raced at about the same moment (in one batch) and again later
+    (across batches): one 200 per id, 409 for the rest, and the plants listed are the ones answered 200,
+    each client's in the order it sent them."""
+    db = batch_database(database, tmp_path, request)
+    _, address = serve_batches(spawn, server, database, db)
+    chooser = random.Random(31)
+    plans = [[chooser.randrange(6 * k, 6 * k + 8) if chooser.random() < 0.8 else chooser.randrange(6 * k + 8)
+              for k in range(20)] for _ in range(16)]  # round k: mostly 8 new ids for 16 clients, some older ones
+
+    def client(n):
+        return [post_over_http(*address, TOKEN, {"id": plant_id, "name": f"client {n} create {k}"})[0]
+                for k, plant_id in enumerate(plans[n])]
+
+    statuses = in_threads(16, client)
+    sent = [(plans[n][k], f"client {n} create {k}", statuses[n][k]) for n in range(16) for k in range(20)]
+    assert {status for _, _, status in sent} == {200, 409}
+    won = {}
+    for plant_id, name, status in sent:
+        if status == 200:
+            assert plant_id not in won, f"id {plant_id} answered 200 twice"
+            won[plant_id] = name
+    assert set(won) == {plant_id for plant_id, _, _ in sent}  # each id created once
+    status, listed = over_http(*address, TOKEN, "GET", "/plants")
+    names = [plant["name"] for plant in listed]
+    assert status == 200 and sorted(names) == sorted(won.values())  # those, and nothing else
+    assert stored_plants(db) == won
+    for n in range(16):
+        assert [name for name in names if name.startswith(f"client {n} ")] == [
+            name for _, name, status in sent if status == 200 and name.startswith(f"client {n} ")]
+    if database == "postgres":  # rows written in one transaction share its xmin: batches were formed
+        assert read_database(db, "SELECT count(*) FROM plants GROUP BY xmin::text HAVING count(*) > 1"), \
+            "every create was committed alone: this test saw no batch"
+
+
+@pytest.mark.parametrize("database, server", KILLED)
+def test_group_commit_kill_9_mid_burst_loses_no_plant_answered_200_nor_its_event(
+        spawn, tmp_path, request, receiver, database, server):
+    """kill -9 of every server process while 16 clients create, the webhook receiver down: each plant answered
+    200 is in the database afterwards, with its event in plant_events; no event without its plant."""
+    hook = receiver()
+    hook.stop()
+    db = batch_database(database, tmp_path, request)
+    process, address = serve_batches(spawn, server, database, db, PLANTSTORE_WEBHOOK_URL=hook.url,
+                                     PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    answered, other, killed = [], [], threading.Event()
+
+    def client(n):
+        for k in range(400):  # clients n and n + 8 race on the same ids
+            plant_id, name = (n % 8) * 1000 + k, f"client {n} create {k}"
+            try:
+                status, _ = post_over_http(*address, TOKEN, {"id": plant_id, "name": name})
+            except (OSError, http.client.HTTPException) as error:  # refused, reset or cut off by the kill
+                if not killed.is_set():
+                    other.append(repr(error))
+                return
+            if status == 200:
+                answered.append((plant_id, name))
+            elif status != 409:
+                other.append(status)
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for thread in clients:
+        thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while len(answered) < 150:  # mid-burst
+            assert time.monotonic() < deadline and all(map(threading.Thread.is_alive, clients)), len(answered)
+            time.sleep(0.01)
+    finally:
+        killed.set()
+        os.killpg(process.pid, signal.SIGKILL)  # the server and all its workers, at once
+        process.wait(WAIT)
+        for thread in clients:
+            thread.join(WAIT)
+    assert other == []  # before the kill, 200 or 409 alone
+    plants = stored_plants(db)
+    assert all(plants.get(plant_id) == name for plant_id, name in answered), "a plant answered 200 is lost"
+    events = collections.Counter(json.loads(bytes(body))["id"]
+                                 for body, in read_database(db, "SELECT body FROM plant_events"))
+    assert events == collections.Counter(list(plants))  # one event for each plant, none for anything else
+
+
+def cluster_pids(postgres):
+    """The postmaster of the suite's PostgreSQL and every process it started (its backends among them)."""
+    postmaster = int((postgres.folder / "data" / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def creates_until(address, first_id, count, wait):
+    """Send creates one after another until `count` are answered 200, within `wait` seconds; return the ids."""
+    created, deadline = [], time.monotonic() + wait
+    for plant_id in itertools.count(first_id):
+        assert time.monotonic() < deadline, f"creates did not succeed again ({len(created)} of {count})"
+        status, headers, _ = exchange(*address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"})
+        assert status in (200, 503) and (status == 200 or "Retry-After" in headers), (status, headers)
+        if status == 200:
+            created.append(plant_id)
+            if len(created) == count:
+                return created
+        else:
+            time.sleep(0.05)
+
+
+def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_every_200(spawn, postgres, pg_url):
+    """pg_ctl stop -m immediate while 16 clients create: every answer is 200, or 503 with Retry-After; nothing
+    answered 200 is missing once PostgreSQL is back; and creates succeed again with the same gunicorn."""
+    _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
+    answers, done = [], threading.Event()
+
+    def client(n):
+        for k in range(2000):
+            if done.is_set():
+                return
+            plant_id = n * 100_000 + k
+            try:
+                status, headers, body = exchange(*address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"})
+            except (OSError, http.client.HTTPException) as error:  # fails the test below
+                status, headers, body = repr(error), {}, None
+            answers.append((plant_id, status, headers.get("Retry-After"), body))
+            if status != 200:
+                time.sleep(0.05)  # a real client would wait Retry-After seconds; the test keeps it short
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for thread in clients:
+        thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while len(answers) < 100:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        try:
+            postgres._pg("pg_ctl", "-D", postgres.folder / "data", "-w", "-t", WAIT, "-m", "immediate", "stop")
+            time.sleep(1)
+        finally:
+            postgres.start()
+        creates_until(address, 10_000_000, 10, WAIT)  # the same servers, with new connections
+    finally:
+        done.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert {status for _, status, _, _ in answers} == {200, 503}
+    for _, status, retry_after, body in answers:
+        assert status == 200 or (int(retry_after) > 0 and body["error"] == 503), (status, retry_after, body)
+    plants = stored_plants(pg_url)
+    assert all(plant_id in plants for plant_id, status, _, _ in answers if status == 200)
+
+
+def test_group_commit_postgres_stalled_answers_every_waiting_create_503_while_it_stays_stalled(
+        spawn, postgres, pg_url):
+    """kill -STOP of every process of the cluster: the creates waiting for it answer 503 with Retry-After
+    within their bound, while it is still stopped; after kill -CONT creates answer 200 again."""
+    _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
+    creates_until(address, 0, 16, WAIT)  # each worker has its writer, connections in its pool
+    answers, stalled = {}, []
+
+    def send(n):
+        answers[n] = exchange(*address, "POST", "/plants", {"id": 100 + n, "name": f"stalled {n}"})
+
+    senders = [threading.Thread(target=send, args=(n,), daemon=True) for n in range(8)]  # 2 workers x 4 threads
+    try:
+        postmaster = cluster_pids(postgres)[0]
+        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
+        stalled.append(postmaster)
+        for pid in cluster_pids(postgres)[1:]:
+            os.kill(pid, signal.SIGSTOP)
+            stalled.append(pid)
+        for thread in senders:
+            thread.start()
+        deadline = time.monotonic() + 3 * plantstore.DB_WAIT_SECONDS  # generous: two rounds of 4 threads
+        for thread in senders:
+            thread.join(max(0, deadline - time.monotonic()))
+        answered = dict(answers)  # as they are while the database is still stopped
+    finally:
+        for pid in reversed(stalled):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert len(answered) == 8, f"{8 - len(answered)} of 8 creates got no answer while the database was stalled"
+    for status, headers, body in answered.values():
+        assert status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503, (status, headers, body)
+    created = creates_until(address, 1000, 8, WAIT)
+    assert set(created) <= set(stored_plants(pg_url))
+
+
 # ---- Two gunicorn instances on one PostgreSQL ----
 
 def start_gunicorn(spawn, env, workers=1, threads=8, *options, inside=(), address="127.0.0.1"):
