@@ -652,10 +652,12 @@ class SQLStore(Store):
         while True:
             with self._queued:
                 self._queued.wait_for(lambda: self._queue)
-                batch, size = [], 0
-                while self._queue and len(batch) < self.BATCH and size < self.BATCH_BYTES:
+                batch = [self._queue.popleft()]  # one create at least, however large
+                size = batch[0].size
+                while self._queue and len(batch) < self.BATCH and (
+                        size + self._queue[0].size <= self.BATCH_BYTES):
+                    size += self._queue[0].size
                     batch.append(self._queue.popleft())
-                    size += batch[-1].size
             batch = [create for create in batch if create.set_running_or_notify_cancel()]
             if batch:
                 self._write_batch(batch)
