@@ -669,7 +669,7 @@ class SQLStore(Store):
             for create, new in zip(batch, created, strict=True):
                 if new and self.on_create:
                     plant_id, name, tag = create.plant
-                    self.on_create(run, plant_id, _text(name), tag and _text(tag))
+                    self.on_create(run, plant_id, _text(name), None if tag is None else _text(tag))
             return created
         several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement, atomic itself
         wait = min(create.deadline for create in batch) - time.monotonic()
@@ -1964,13 +1964,13 @@ def main(argv=None):
         _log(f"cannot listen on {args.host}:{args.port}: {error}")
         return 2
     with server:
-        host, port = server.server_address[:2]
-        _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-        if application.webhook_sender:  # this process serves: events from before the start go now
-            application.webhook_sender.start_here()
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C; how systemd and containers stop it
             signal.signal(stop, _interrupt)  # SIGINT too: a shell's background job ignores it
         try:
+            host, port = server.server_address[:2]
+            _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+            if application.webhook_sender:  # this process serves: events from before go now
+                application.webhook_sender.start_here()
             server.serve_forever()
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
             server.finish(server.client_timeout)
