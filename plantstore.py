@@ -70,6 +70,7 @@ JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
 # Status lines made once: HTTPStatus(status) on every answer cost 5-10% of creates/s under granian.
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
+_CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}  # RFC 9110, 15
 
 
 # ---- Errors: raised anywhere, rendered in one place (Application.__call__) ----
@@ -412,21 +413,24 @@ class Application:
         """Answer one request: JSON (a 204: nothing), HEAD without its body; no exception escapes
         but a streamed listing's own, once its 200 is sent (see stream_plants)."""
         try:
-            status, body, headers = self.respond(environ)
-        except HTTPError as error:
-            status, headers = error.status, error.headers
-            body = error_json(status, error.message)
+            try:
+                status, body, headers = self.respond(environ)
+            except HTTPError as error:
+                if type(error.status) is not int or not 200 <= error.status <= 599:
+                    raise  # 1xx is no final answer, and 600 no status at all: a 500, logged
+                status, headers = error.status, error.headers
+                body = error_json(status, error.message)
         except Exception:
             traceback.print_exc(file=environ["wsgi.errors"])
             status, body, headers = 500, error_json(500, "internal server error"), []
-        if status == 204:
+        if status in (204, 304):  # answers that never have a body
             headers, body = list(headers), []
         elif type(body) is bytes:
             headers = [("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers]
             body = [body]
         else:  # a streamed listing: its length is not known before its end
             headers = [("Content-Type", JSON_TYPE), *headers]
-        start_response(_STATUS_LINES[status], headers)
+        start_response(_STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers)
         if environ["REQUEST_METHOD"] == "HEAD":  # the headers GET would have, and no body
             getattr(body, "close", lambda: None)()  # a stream read its first page, no more
             return []
@@ -492,6 +496,7 @@ class Application:
 # ---- Optional parts: each section below plugs into the core above, which never names them ----
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import difflib
@@ -509,6 +514,7 @@ import socket
 import socketserver
 import sqlite3
 import time
+import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
@@ -539,10 +545,15 @@ class SQLStore:
 
     One class over two DB-API drivers, as peewee does it: the SQL is written once, with named
     parameters, and each engine's differences (connecting, its DDL, its placeholders, the errors
-    that mean "the database is away") are the few lines of its subclass. Each thread has a
-    connection of its own, opened on first use and dropped on the first error: while the database
-    cannot be reached, requests answer 503 with Retry-After, and once it is back they succeed
-    again, with no restart. The outage is logged once, and so is its end.
+    that mean "the database is away") are the few lines of its subclass. Each process holds at
+    most POOL_SIZE connections, whatever the number of its threads or clients; a connection is
+    made when none is free and dropped on its first error. While the database cannot be reached,
+    requests answer 503 with Retry-After, and once it is back they succeed again, with no
+    restart. The outage is logged once, and so is its end.
+
+    Creates are written by one thread per process, which takes every create waiting at that
+    moment: a batch shares one transaction and one flush to disk (group commit), where each
+    create alone would pay its own. There is no timer: a create that comes alone goes at once.
     """
 
     INSERT = ("INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
@@ -550,41 +561,109 @@ class SQLStore:
     PAGE = "SELECT seq, name, tag FROM plants WHERE seq > :after ORDER BY seq LIMIT :limit"
     DELETE = "DELETE FROM plants WHERE id = :id RETURNING seq"
     BEGIN = "BEGIN"
+    POOL_SIZE = 8  # connections a process holds at most; a request waits for one, within its bound
+    BATCH, BATCH_BYTES = 64, 2**20  # the most creates, and bytes of names and tags, in one commit
+    ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
     unavailable = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
         self.on_create = None  # on_create(run, plant_id, name, tag): in the plant's transaction
-        self._local = threading.local()
         self._write_lock = contextlib.nullcontext()  # an engine that queues writers sets a lock
-        self._away = False
+        self._lock = threading.Lock()  # guards the pool, and the statements the watchdog sees
+        self._asking = threading.Lock()  # held by the one health question in flight
+        self._answer = 0.0, True  # when the last health answer came, and whether it was yes
+        self._pid, self._ready, self._away, self._busy = None, False, False, {}
+        self._queued, self._writing = threading.Condition(), None  # creates for the writer of _pid
 
     def open_at_start(self):
-        """Make the tables now, so that a database plantstore cannot use stops the start."""
-        self._local.db = self.connect()
+        """Make the tables now, so that a database plantstore cannot use stops the start. No
+        connection is kept: a server may fork next, and a connection must not follow a fork."""
+        db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            self.setup(self._local.db)
+            self.setup(db.execute)  # no watchdog here: it would be a thread in a server's master
+            self._ready = True
         finally:
-            self._close()
+            self._close(db)
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        """Store the plant and return True, or return False if the id is taken; never overwrite.
+        Its batch's commit is waited for, within DB_WAIT_SECONDS: a 200 means committed."""
+        create = concurrent.futures.Future()  # the writer sets its result: created or not
+        create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        create.size = len(create.plant[1]) + len(create.plant[2] or b"")
+        create.deadline = time.monotonic() + DB_WAIT_SECONDS
+        with self._queued:
+            if self._writing != os.getpid():  # the writer runs in the process that serves
+                self._writing, self._queue = os.getpid(), collections.deque()
+                threading.Thread(target=self._write_batches, name="plantstore-writer",
+                                 daemon=True).start()
+            self._queue.append(create)
+            self._queued.notify()
+        try:
+            return create.result(timeout=max(0, create.deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            create.cancel()  # left out of its batch, unless the batch took it: then it may be done
+            raise unavailable("the database") from None
+
+    def _write_batches(self):
+        """The writer: the creates queued at the moment, oldest first, up to the bounds."""
+        while True:
+            with self._queued:
+                self._queued.wait_for(lambda: self._queue)
+                batch, size = [], 0
+                while self._queue and len(batch) < self.BATCH and size < self.BATCH_BYTES:
+                    batch.append(self._queue.popleft())
+                    size += batch[-1].size
+            batch = [create for create in batch if create.set_running_or_notify_cancel()]
+            if batch:
+                self._write_batch(batch)
+
+    def _write_batch(self, batch):
+        """Write one batch, the plants and their events, in one commit, and answer each create."""
         def insert(run):
-            tag_bytes = None if tag is None else _utf8(tag)
-            created = bool(run(self.INSERT, id=plant_id, name=_utf8(name), tag=tag_bytes))
-            if created and self.on_create:
-                self.on_create(run, plant_id, name, tag)
+            created = self.insert(run, [create.plant for create in batch])
+            for create, new in zip(batch, created, strict=True):
+                if new and self.on_create:
+                    plant_id, name, tag = create.plant
+                    self.on_create(run, plant_id, _text(name), tag and _text(tag))
             return created
-        return self.session(insert, write=True, transaction=self.on_create is not None)
+        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement, atomic itself
+        wait = min(create.deadline for create in batch) - time.monotonic()
+        try:
+            created = self.session(insert, write=True, wait=wait,
+                                   transaction=bool(self.on_create) or several)
+        except Exception as error:  # nothing of the batch is acknowledged
+            for create in batch:
+                create.set_exception(unavailable("the database")
+                                     if isinstance(error, HTTPError) else error)
+        else:
+            for create, new in zip(batch, created, strict=True):
+                create.set_result(new)
+
+    def insert(self, run, plants):
+        """Insert (id, name, tag) rows in order; whether each was created (the first id wins)."""
+        return [bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
+                for plant_id, name, tag in plants]
 
     def ping(self):
-        """The health check's question, waited for HEALTH_WAIT_SECONDS at most (PostgreSQL)."""
-        self._local.wait = HEALTH_WAIT_SECONDS
+        """The health check's question, one in flight per process at most: the checks that come
+        while it is asked share its answer. None waits past HEALTH_WAIT_SECONDS."""
+        arrived = time.monotonic()
+        if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
+            raise unavailable("the database")
         try:
-            self.run("SELECT 1")
+            if self._answer[0] < arrived:  # no answer came while this one waited: ask
+                try:
+                    self.session(lambda run: run("SELECT 1"), wait=HEALTH_WAIT_SECONDS)
+                    self._answer = time.monotonic(), True
+                except HTTPError:
+                    self._answer = time.monotonic(), False
+            if not self._answer[1]:
+                raise unavailable("the database")
         finally:
-            self._local.wait = DB_WAIT_SECONDS
+            self._asking.release()
 
     def page(self, after, limit):
         """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
@@ -601,19 +680,19 @@ class SQLStore:
         """Run one statement and return its rows; a write unless it is a SELECT."""
         return self.session(lambda run: run(sql, **parameters), write=not sql.startswith("SELECT"))
 
-    def session(self, work, *, write=False, transaction=False):
-        """Return work(run) on this thread's connection, in one transaction if asked, where
-        run(sql, **parameters) runs one statement and returns its rows. The database away: 503."""
+    def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
+        """Return work(run) on a connection of this process, in one transaction if asked, where
+        run(sql, **parameters) runs one statement and returns its rows. All of it, connecting
+        included, ends within `wait` seconds; the database away, or too slow: 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
-            self._local.deadline = started + getattr(self._local, "wait", DB_WAIT_SECONDS)
             try:
                 with self._write_lock if write else contextlib.nullcontext():
-                    db, reused = self._connection()
-                    result = self._work(db, work, transaction)
+                    with self._connection(started + wait) as (db, reused):
+                        result = self._work(db, work, transaction, started + wait)
                 break
             except self.unavailable as error:
-                self._drop(error)
+                self._outage(error)
                 # A read that failed at once on a connection made before an outage is tried
                 # again on a new one; a write never is, since it may have been done.
                 if write or not reused or attempt == 2 or time.monotonic() - started > 1:
@@ -623,9 +702,38 @@ class SQLStore:
             _log(f"the {self.shown} is reachable again")
         return result
 
-    def _work(self, db, work, transaction):
+    @contextlib.contextmanager
+    def _connection(self, deadline):
+        """A connection of this process's pool, and whether it served before; dropped on error."""
+        with self._lock:
+            if self._pid != os.getpid():  # a forked worker never uses its parent's connections
+                self._idle, self._slots = [], threading.Semaphore(self.POOL_SIZE)
+                self._busy, self._pid = {}, os.getpid()
+        if not self._slots.acquire(timeout=max(0, deadline - time.monotonic())):
+            raise unavailable("the database")  # every connection busy past the deadline
+        db = None
+        try:
+            with self._lock:
+                db = self._idle.pop() if self._idle else None
+            if db is not None and not self.usable(db):
+                self._close(db)
+                db = None
+            reused, db = db is not None, db or self.connect(deadline)
+            if not self._ready:  # the database was away at start: its tables may not exist
+                self.setup(lambda sql: self.execute(db, sql, {}, deadline))
+                self._ready = True
+            yield db, reused
+            with self._lock:
+                self._idle.append(db)
+            db = None
+        finally:
+            if db is not None:
+                self._close(db)
+            self._slots.release()
+
+    def _work(self, db, work, transaction, deadline):
         def run(sql, **parameters):
-            rows = self.execute(db, sql, parameters)
+            rows = self.execute(db, sql, parameters, deadline)
             return rows.fetchall() if rows.description else []  # all: the statement is done
         if not transaction:
             result = work(run)
@@ -641,32 +749,16 @@ class SQLStore:
         self.check(db)
         return result
 
-    def execute(self, db, sql, parameters):
+    def execute(self, db, sql, parameters, deadline):
         return db.execute(sql, parameters)
 
-    def _connection(self):
-        """This thread's connection, made in this process, and whether it served before."""
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():  # a forked worker never uses its parent's
-            local.db, local.pid = None, os.getpid()
-        if local.db is not None and self.usable(local.db):
-            return local.db, True
-        self._close()
-        db = self.connect()
-        try:
-            self.setup(db)
-        except BaseException:
-            db.close()
-            raise
-        local.db = db
-        return db, False
-
-    def setup(self, db):
-        """Make the tables unless they exist; refuse a 'plants' table plantstore did not make."""
+    def setup(self, execute):
+        """Make the tables unless they exist; refuse a 'plants' table plantstore did not make.
+        execute(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
-            db.execute(statement)
-        columns = [column[0] for column in db.execute("SELECT * FROM plants LIMIT 0").description]
-        if columns != ["seq", "id", "name", "tag"]:
+            execute(statement)
+        rows = execute("SELECT * FROM plants LIMIT 0")
+        if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
             raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not make")
 
     def usable(self, db):
@@ -676,14 +768,12 @@ class SQLStore:
     def check(self, db):
         """Raise one of self.unavailable if what was just done cannot be trusted."""
 
-    def _close(self):
-        db, self._local.db = getattr(self._local, "db", None), None
+    def _close(self, db):
         with contextlib.suppress(Exception):
             db.close()
 
-    def _drop(self, error):
-        """Close this thread's connection after an error; say so once per outage."""
-        self._close()
+    def _outage(self, error):
+        """Say once per outage that the database is away."""
         if not self._away:
             self._away = True
             _log(f"the {self.shown} is unavailable: {self.describe(error)}")
@@ -724,12 +814,13 @@ class SQLiteStore(SQLStore):
             raise ValueError(f"{self.path} cannot be opened as a plantstore database: "
                              f"{self.describe(error)}") from None
 
-    def connect(self):
+    def connect(self, deadline):
         """A connection to the file, which must exist: a deleted one is not made anew."""
-        db = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=DB_WAIT_SECONDS,
+        db = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, factory=_SQLite,
+                             timeout=max(0, deadline - time.monotonic()), check_same_thread=False,
                              isolation_level=None)  # autocommit, but for BEGIN ... COMMIT
         db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
-        self._local.file = self._identity()
+        db.file = self._identity()
         return db
 
     def _identity(self):
@@ -740,8 +831,12 @@ class SQLiteStore(SQLStore):
 
     def check(self, db):
         # A file deleted or replaced under a running service: what was written, no one will read.
-        if self._identity() != self._local.file:
+        if self._identity() != db.file:
             raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while in use")
+
+
+class _SQLite(sqlite3.Connection):
+    file = None  # the file it opened, as (device, inode): SQLiteStore.check compares it
 
 
 class _WriteQueue:
@@ -803,51 +898,102 @@ class PostgresStore(SQLStore):
     def __init__(self, conninfo):
         self.parameters, shown = postgres_settings(conninfo)
         import psycopg  # the one dependency outside the standard library, for this store alone
-        self._psycopg, self._busy, self._pid = psycopg, {}, None
+        self._psycopg, self._watching = psycopg, None
         super().__init__(shown)
         self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
         try:
-            with contextlib.suppress(*self.unavailable):  # a database away at start: waited for
-                self.open_at_start()
+            self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
             raise ValueError(f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
                              "role needs CREATE on the schema to make plantstore's tables or, "
                              "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
                              "them") from None
+        except psycopg.Error as error:  # libpq checks its options' values before it connects
+            option = re.search(r'option "(\w+)"|invalid (\w+) value|bad value for (\w+)',
+                               str(error))
+            if option:  # named, never quoted: the value may be a password's neighbour
+                raise ValueError(f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
+                                 f"option {next(filter(None, option.groups()))}") from None
+            if not isinstance(error, self.unavailable):
+                raise
+            # The database is away at start: waited for, as any outage is.
 
-    def connect(self):
-        db = self._psycopg.connect(**{**self.BOUNDS, **self.parameters}, autocommit=True)
-        self._local.socket = socket.socket(fileno=os.dup(db.fileno()))  # for the watchdog
-        return db
+    # What plantstore's own tables hold (pgloader or psql may make others): seq and id are
+    # unique and never NULL, and so a name is never NULL.
+    COLUMNS = ("SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
+               " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
+               " FROM pg_attribute"
+               " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')")
+    # A table filled with its seq values (a move with pgloader, a restore by hand) leaves its
+    # identity behind them, and each create would collide: moved past them, never back.
+    MOVE = ("SELECT setval(q.name, greatest(max, last_value)), max FROM (SELECT max(seq) FROM {0})"
+            " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
+            " WHERE format('%I.%I', schemaname, sequencename) = q.name"
+            " AND max > coalesce(last_value, 0)")
 
-    def execute(self, db, sql, parameters):
-        if self._pid != os.getpid():  # the watchdog runs in the process that serves
-            self._pid = os.getpid()
-            threading.Thread(target=self._watch, name="plantstore-watchdog", daemon=True).start()
-        self._busy[threading.get_ident()] = self._local.deadline, self._local.socket
+    ONE_STATEMENT = True
+    # A batch in one statement, one round trip: rows take their seq in the order they came.
+    INSERT_MANY = ("INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
+                   "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
+                   " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
+                   " ON CONFLICT (id) DO NOTHING RETURNING id")
+
+    def insert(self, run, plants):
+        if len(plants) == 1:
+            return super().insert(run, plants)
+        ids, names, tags = map(list, zip(*plants))
+        created = collections.Counter(row[0] for row in run(self.INSERT_MANY, ids=ids,
+                                                               names=names, tags=tags))
+        return [created.pop(plant_id, 0) > 0 for plant_id in ids]  # an id once, to the first
+
+    def setup(self, execute):
+        super().setup(execute)
+        for name, not_null, unique in execute(self.COLUMNS).fetchall():
+            if not not_null or name != "name" and not unique:
+                raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not "
+                                 f"make: its {name} column may hold " + ("NULL" if not not_null
+                                                                          else "duplicates"))
+        for table in "plants", "plant_events":
+            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):  # the owner's
+                for _, largest in execute(self.MOVE.format(table)).fetchall():
+                    _log(f"the identity of {table} was behind its largest seq, {largest}: "
+                         "moved past it")
+
+    def connect(self, deadline):
+        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's bound.
+        seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
+        return self._psycopg.connect(**{**self.BOUNDS, "connect_timeout": seconds,
+                                        **self.parameters}, autocommit=True)
+
+    def execute(self, db, sql, parameters, deadline):
+        with self._lock:  # the watchdog sees each statement, with its request's deadline
+            if self._watching != os.getpid():  # one watchdog in each process that runs them
+                self._watching = os.getpid()
+                threading.Thread(target=self._watch, name="plantstore-watchdog",
+                                 daemon=True).start()
+            self._busy[db] = deadline
         try:
+            if not parameters:  # psycopg reads no placeholder then: '::' and '%' stay as they are
+                return db.execute(sql)
             return db.execute(_pyformat(sql), parameters)
         finally:
-            del self._busy[threading.get_ident()]
+            with self._lock:
+                del self._busy[db]
 
     def _watch(self):
         """Shut the connection of each statement past its deadline: its request answers 503."""
         while True:
             time.sleep(0.25)
-            now = time.monotonic()
-            for deadline, connection in list(self._busy.values()):  # a copy: no lock to hold
-                if deadline < now:
-                    with contextlib.suppress(OSError):
-                        connection.shutdown(socket.SHUT_RDWR)
+            with self._lock:  # held, so that no statement ends, and its socket closes, meanwhile
+                for db, deadline in self._busy.items():
+                    if deadline < time.monotonic():
+                        with contextlib.suppress(OSError), socket.socket(
+                                fileno=os.dup(db.fileno())) as connection:
+                            connection.shutdown(socket.SHUT_RDWR)
 
     def usable(self, db):
         # An idle connection has nothing to read: if it has, the server said goodbye (a restart).
         return not select.select([db.fileno()], [], [], 0)[0]
-
-    def _close(self):
-        with contextlib.suppress(Exception):
-            self._local.socket.close()
-        super()._close()
 
 
 def postgres_settings(conninfo):
@@ -923,7 +1069,7 @@ class WebhookSender:
     # URL's due events, or, to probe a receiver that gave no answer, its oldest (due: any time).
     CLAIM = ("UPDATE plant_events SET lease = :lease WHERE lease <= :now AND seq IN (SELECT seq"
              " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
-             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts")
+             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts, next_at")
     RETRY = ("UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
              " WHERE seq = :seq")
     RELEASE = "UPDATE plant_events SET lease = 0 WHERE seq = :seq"
@@ -936,6 +1082,7 @@ class WebhookSender:
         self._key = webhook_secret_key(secret)
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
         self._store = store if isinstance(store, SQLStore) else None  # None: the outbox in memory
+        self.outbox_is_sql = self._store is not None
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
         self._lock, self._pid, self._waiting = threading.Lock(), None, (0, 0)
@@ -1058,9 +1205,10 @@ class WebhookSender:
         signed = f"{webhook_id}.{timestamp}.".encode() + body
         signature = base64.b64encode(hmac.new(self._key, signed, hashlib.sha256).digest())
         parts = urlsplit(url)
-        kind = (http.client.HTTPSConnection if parts.scheme == "https"
-                else http.client.HTTPConnection)
-        connection = kind(parts.hostname, parts.port, timeout=self.TIMEOUT)
+        https = parts.scheme == "https"  # the port said: http.client reads [::1] as port 1
+        connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
+            parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
+        connection.response_class = _FinalResponse
         self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
             connection.request("POST", (parts.path or "/") + (parts.query and f"?{parts.query}"),
@@ -1069,14 +1217,14 @@ class WebhookSender:
                                       "webhook-signature": f"v1,{signature.decode()}"})
             status = connection.getresponse().status  # no redirect is followed: 3xx is no delivery
             return status if time.monotonic() < deadline else None  # cut: its headers never ended
-        except (OSError, http.client.HTTPException):
+        except Exception:  # refused, cut, garbled: no answer, retried on schedule like any other
             return None
         finally:
             del self._attempts[connection]
             connection.close()
 
     def _settle(self, event, probe, status):
-        seq, url, webhook_id, _, attempts = event
+        seq, url, webhook_id, _, attempts, due = event
         now = time.time()
         if status == 410 and url in self.urls:  # a new list: requests iterate the old one
             self.urls = [other for other in self.urls if other != url]
@@ -1086,7 +1234,7 @@ class WebhookSender:
             self.outbox(self.DONE, seq=seq)
             if self._failing.pop(url, None) is not None:  # through again: the others follow now
                 self.outbox(self.HURRY, now=now, url=url)
-        elif probe and status in (None, 502, 503, 504):  # still no answer: its schedule stays
+        elif probe and status in (None, 502, 503, 504) and due > now:  # its schedule stays
             self.outbox(self.RELEASE, seq=seq)
         else:
             if status in (None, 502, 503, 504):  # no answer from the receiver itself: probe it
@@ -1103,27 +1251,56 @@ class WebhookSender:
 
 
 def check_webhook_url(url):
-    """Return url if it can be delivered to: http(s), a host, a port that parses, no user-info."""
+    """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it can be
+    delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
         parts = urlsplit(url)
         good = (parts.scheme in ("http", "https") and parts.port != 0 and "@" not in parts.netloc
-                and re.fullmatch(r"[\w.:-]+", parts.hostname or "")
+                and re.fullmatch(r"[A-Za-z0-9_.:-]+", parts.hostname or "")
                 and not re.search(r"[\x00-\x20\x7f]", url))
     except ValueError:  # a port that is no number from 0 to 65535
         good = False
     if not good:  # the URL is not repeated: its query may hold a secret
         raise ValueError(f"each URL in {WEBHOOK_URL_VARIABLE} must be http:// or https://, with a "
-                         "host, a port from 1 to 65535 if any, and no user:password@ (never sent)")
-    return url
+                         "host in ASCII (xn-- for others), a port from 1 to 65535 if any, and no "
+                         "user:password@ (never sent)")
+    return quote(url, safe="".join(map(chr, range(33, 127))))  # UTF-8 %-escapes, ASCII as it is
+
+
+class _FinalResponse(http.client.HTTPResponse):
+    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100 itself."""
+
+    def _read_status(self):
+        while True:
+            version, status, reason = super()._read_status()
+            if status >= 200:
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's headers: nothing to keep
 
 
 def with_webhooks(application, sender):
-    """The application, starting the sender in the process that serves, at its first request."""
+    """The application, starting the sender in the process that serves, at its first request if
+    not before: events that wait in a SQL outbox go at once from a process forked after the app
+    was built (gunicorn --preload's workers), and see built_in_a_worker() and main()."""
     def serve(environ, start_response):
         sender.start_here()
         return application(environ, start_response)
     application.on_create = sender.notify
+    if sender.outbox_is_sql:
+        start = weakref.WeakMethod(sender.start_here)  # a sender no longer used is not kept
+        os.register_at_fork(after_in_child=lambda: start() and start()())
     return serve
+
+
+def built_in_a_worker():
+    """Whether a server is building the app in the worker process that serves it (granian's
+    workers, gunicorn's without --preload), not in a master that forks workers next."""
+    frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
+    while frame and not (frame.f_code.co_name == "load_wsgi"
+                         and frame.f_globals["__name__"].startswith("gunicorn.")):
+        frame = frame.f_back
+    multiprocessing = sys.modules.get("multiprocessing")  # granian's workers are its children
+    return bool(frame or "granian" in sys.modules and multiprocessing.parent_process())
 
 
 def event_json(plant_id, name, tag):
@@ -1649,18 +1826,39 @@ def options_from_environ(environ=os.environ):
 
 
 def store_from_environ(environ=os.environ):
-    """The store PLANTSTORE_DB names: PostgreSQL, an SQLite file, or None (in memory)."""
+    """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a PostgreSQL URL,
+    a libpq string, an SQLite file's path; or None (in memory). The value is never quoted."""
     value = environ.get(DB_VARIABLE, "").strip()
-    scheme = re.match(r"([A-Za-z][\w+.-]*):", value)
-    scheme = scheme and scheme[1].lower()
-    if scheme in ("postgresql", "postgres") or re.match(r"\w+\s*=", value):  # host=... dbname=...
+    problem = db_mistake(value)
+    if problem:
+        raise ValueError(f"{DB_VARIABLE} {problem}; it takes {DB_FORMS}")
+    if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
         return PostgresStore(value)
-    if scheme == "sqlite" and value[7:10] == "///" and re.fullmatch(r"[^:?][^?]*", value[10:]):
+    if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
         value = value[10:]  # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
-    elif scheme or value.startswith(":"):  # mysql://, file:..., :memory:; not served
+    elif re.match(r"[A-Za-z][\w+.-]*:|:", value):  # mysql://, file:..., :memory:; not served
         raise ValueError(f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory")
     return SQLiteStore(value) if value else None
 
+
+def db_mistake(value):
+    """What makes PLANTSTORE_DB none of its forms, or None. A password may be in it: not quoted."""
+    if value.startswith("\ufeff"):
+        return "starts with a byte-order mark: save the file that sets it without one"
+    if value.startswith(("'", '"')):  # docker --env-file and systemd keep them
+        return "starts with a quote: remove the quotes around it"
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        return "holds a control character"
+    if re.match(r"[A-Za-z][\w+.-]*//", value):
+        return "looks like a URL without the ':' after its scheme"
+    if re.match("(?i)postgres(ql)?://", value):  # libpq's user-info ends at the first @ before a /
+        authority, _, path = value.partition("://")[2].partition("/")
+        user_info = authority.rpartition("@")[0]
+        if authority.count("@") > 1 or re.search("[?#]", user_info) or "@" in path.partition(
+                "?")[0] or "#" in value:  # else part of a password is shown, or it is cut short
+            return ("is not a well-formed PostgreSQL URL: in the user name and password, "
+                    "write @ as %40, / as %2F, ? as %3F and # as %23")
+    return None
 
 
 def unknown_settings(environ=os.environ):
@@ -1696,6 +1894,8 @@ def __getattr__(name):
             raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to "
                              "accept, comma-separated; plantstore never runs without them")
         app = app_from_environ()
+        if app.webhook_sender and built_in_a_worker():  # events from before the start go now
+            app.webhook_sender.start_here()
     except ValueError as problem:  # gunicorn prints its AppImportError in one line, and stops
         error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
         if "granian" in sys.modules and error is AttributeError:
@@ -1730,7 +1930,8 @@ def main(argv=None):
         if tokens is None:
             tokens = [secrets.token_urlsafe(32)]
             _log(f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}")
-        server = make_server(args.host, args.port, app_from_environ(tokens=tokens))
+        application = app_from_environ(tokens=tokens)
+        server = make_server(args.host, args.port, application)
     except ValueError as error:  # a bad setting: said in one line, and the server does not start
         _log(str(error))
         return 2
@@ -1740,6 +1941,8 @@ def main(argv=None):
     with server:
         host, port = server.server_address[:2]
         _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+        if application.webhook_sender:  # this process serves: events from before the start go now
+            application.webhook_sender.start_here()
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C; how systemd and containers stop it
             signal.signal(stop, _interrupt)  # SIGINT too: a shell's background job ignores it
         try:

@@ -4,11 +4,11 @@
     python benchmarks/bench_plantstore.py --quick    # tiny counts, in process only: a smoke run
 
 Needs `pip install -e '.[bench]'` (Falcon, gunicorn, granian) and, for the HTTP rows, `wrk`
-(Debian: `apt-get install wrk`); section 5 also runs `pgbench` (Debian: postgresql). Contenders run in interleaved rounds, so that
-noise from the machine hits all of them alike (in process, they take turns every
-100 requests). Each figure is the median round, and each ratio the median of the
-ratios within a round: a slow minute of the machine slows both sides of a ratio,
-so it does not move it.
+(Debian: `apt-get install wrk`); section 5 also runs `pgbench` (Debian: postgresql), and git.
+Contenders run in interleaved rounds, so that noise from the machine hits all of them alike (in
+process, they take turns every 100 requests). Each figure is the median round, and each ratio
+the median of the ratios within a round: a slow minute of the machine slows both sides of a
+ratio, so it does not move it.
 
 1. In process: microseconds per valid POST /plants through the WSGI callable, for
    plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
@@ -17,20 +17,25 @@ so it does not move it.
    layout and hash seed move the figures a little.
 2. Over HTTP: requests per second under gunicorn's gthread worker (1 worker,
    8 threads) on loopback, plantstore against the ceiling app, with wrk sending
-   unique ids; the same two under granian with the in-memory recipe of
-   deploy/plantstore-granian.service, and granian's ratios to gunicorn and to
+   unique ids; the same two under granian with GRANIAN's in-memory flags (those of
+   deploy/plantstore-granian.service), and granian's ratios to gunicorn and to
    its own ceiling; and the embedded server (python plantstore.py).
 3. Memory: bytes per stored plant at 1,000,000 plants with short names and tags.
 4. The SQLite store against the in-memory one: creates per second in process, and
    over HTTP under gunicorn -w 4 --threads 4 with PLANTSTORE_DB.
-5. Durable creates over HTTP, all in one run: PostgreSQL and SQLite under
-   gunicorn -w 2 --threads 4, the in-memory store under -w 1 --threads 8, and
-   each store under granian with its recipe from deploy/plantstore-granian.service;
-   requests per second, p99 and the longest wait; and pgbench inserting the same
-   rows into the same PostgreSQL, 8 clients, for the database's own rate. Each
-   server has a database of its own. PostgreSQL is started the way the tests
-   start it, with its durable defaults (fsync, synchronous_commit on), so this
-   section also needs the test extra: pip install -e '.[bench,test]'.
+5. Durable creates over HTTP, all in one run (--only durable, about four minutes), with the
+   servers' flags per store from GUNICORN and GRANIAN (below; the README's recipes and those
+   of deploy/plantstore-granian.service). Loaded: each store (memory, SQLite, PostgreSQL)
+   under gunicorn and under granian, wrk -t1 -c16 unique creates, and pgbench inserting the
+   same rows into the same PostgreSQL with 16 clients, in interleaved rounds: requests per
+   second, p99, the longest wait, bad answers, the ratios of issue 31's bars, and the sizes of
+   the batches each SQL row wrote with group commit (PostgreSQL's from the rows' xmin;
+   SQLite's counted in the serving processes by benchmarks/batch_sizes.py). Low load: each
+   SQL store under each server with one connection, one create at a time (wrk -t1 -c1), mean,
+   p50 and p99, each beside the same server running plantstore.py as it was at --baseline (1.2.0).
+   Each server has a database of its own. PostgreSQL is started the way the tests start it,
+   with its durable defaults (fsync, synchronous_commit on), so this section also needs the
+   test extra: pip install -e '.[bench,test]'.
 6. Listing at size, in process with the in-memory store: a page of 10 at 1,000
    plants, at --listing-plants, and after deleting the oldest 90%; the whole
    listing at --listing-plants: its time, the extra memory at its peak, and the
@@ -54,6 +59,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -71,12 +77,13 @@ def ceiling(environ, start_response):
     """The least a WSGI app can do here: read the body, answer a constant JSON."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
     environ["wsgi.input"].read(length)
-    start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(CEILING_BODY)))])
+    start_response("200 OK", [("Content-Type", "application/json"),
+                              ("Content-Length", str(len(CEILING_BODY)))])
     return [CEILING_BODY]
 
 
 def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
-    """POST /plants in Falcon's idiom, with plantstore's behaviour: same checks, statuses and bodies."""
+    """POST /plants in Falcon's idiom, with plantstore's checks, statuses and bodies."""
     import hmac
 
     import falcon
@@ -88,8 +95,8 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
         def on_post(self, req, resp):
             scheme, _, token = (req.auth or "").partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise plantstore.HTTPError(401, "a bearer token is required",
-                                           headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')])
+                raise plantstore.HTTPError(401, "a bearer token is required", headers=[
+                    ("WWW-Authenticate", 'Bearer realm="plantstore"')])
             sent = token.strip().encode("latin-1", "replace")
             if not sum(hmac.compare_digest(sent, good) for good in accepted):
                 raise plantstore.HTTPError(401, "the bearer token is not valid", headers=[
@@ -99,13 +106,14 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
                 raise plantstore.HTTPError(415, "Content-Type must be application/json",
                                            headers=[("Accept", "application/json")])
             if (req.content_length or 0) > max_body_bytes:
-                raise plantstore.HTTPError(413, f"request body is larger than {max_body_bytes} bytes")
+                raise plantstore.HTTPError(
+                    413, f"request body is larger than {max_body_bytes} bytes")
             plant_id, name, tag = plantstore.read_new_plant(req.bounded_stream.read())
             if not store.add(plant_id, name, tag):
                 raise plantstore.HTTPError(409, "a plant with this 'id' already exists")
             resp.media = {"name": name} if tag is None else {"name": name, "tag": tag}
 
-    def render(req, resp, error, params):
+    def render(req, resp, error, params):  # noqa: ARG001 (Falcon's signature for error handlers)
         resp.status = error.status
         resp.media = {"error": error.status, "message": error.message}
         for name, value in error.headers:
@@ -140,10 +148,11 @@ def request_environs(first_id, count):
     for plant_id in range(first_id, first_id + count):
         body = b'{"id": %d, "name": "Fern", "tag": "indoor"}' % plant_id
         environs.append({
-            "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/plants", "QUERY_STRING": "",
-            "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
-            "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
-            "HTTP_AUTHORIZATION": f"Bearer {TOKEN}", "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
+            "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/plants",
+            "QUERY_STRING": "", "SERVER_NAME": "localhost", "SERVER_PORT": "80",
+            "SERVER_PROTOCOL": "HTTP/1.1", "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)), "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+            "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
             "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
             "wsgi.multiprocess": False, "wsgi.run_once": False, "wsgi.input_terminated": True,
         })
@@ -151,7 +160,8 @@ def request_environs(first_id, count):
 
 
 def time_round(apps, first_id, count, batch=100):
-    """Return {name: microseconds per request} over `count` valid creates each; fail unless all were 200.
+    """Return {name: microseconds per request} over `count` valid creates each; fail unless all
+    were 200.
 
     The contenders take turns every `batch` requests, in an order that rotates, so that a burst of
     noise from the machine lands on all of them alike. Environs are built per batch outside the
@@ -159,12 +169,13 @@ def time_round(apps, first_id, count, batch=100):
     would be cold in the cache when their turn came.
     """
     statuses = []
-    start_response = lambda status, headers, exc_info=None: statuses.append(status)  # noqa: E731
+    start_response = lambda status, *_: statuses.append(status)  # noqa: E731
     clock = time.perf_counter
     names, elapsed = list(apps), dict.fromkeys(apps, 0.0)
     for turn, start in enumerate(range(first_id, first_id + count, batch)):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
-            environs, application = request_environs(start, min(batch, first_id + count - start)), apps[name]
+            environs = request_environs(start, min(batch, first_id + count - start))
+            application = apps[name]
             begin = clock()
             for environ in environs:
                 b"".join(application(environ, start_response))
@@ -175,17 +186,20 @@ def time_round(apps, first_id, count, batch=100):
 
 
 def bench_in_process(processes, rounds, per_round):
-    """Per contender, microseconds per valid create and the ratios to the ceiling and to plantstore.
+    """Per contender, microseconds per valid create, and the ratios to the ceiling and plantstore.
 
     The rounds run in several fresh processes, one after another, as pyperf does: where a process
     happens to lay out its memory, and its hash seed, move the figures by a few percent.
     """
     if not falcon_installed():
-        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.", file=sys.stderr)
+        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.",
+              file=sys.stderr)
     samples = []
     for _ in range(processes):
-        worker = [sys.executable, __file__, "--worker", "--rounds", str(rounds), "--per-round", str(per_round)]
-        samples += json.loads(subprocess.run(worker, stdout=subprocess.PIPE, text=True, check=True).stdout)
+        worker = [sys.executable, __file__, "--worker", "--rounds", str(rounds),
+                  "--per-round", str(per_round)]
+        samples += json.loads(subprocess.run(worker, stdout=subprocess.PIPE, text=True,
+                                             check=True).stdout)
     return {name: (value, ratio, median_ratio(samples, name, "plantstore"))
             for name, (value, ratio) in summarize(samples, "ceiling").items()}
 
@@ -194,7 +208,8 @@ def in_process_rounds(rounds, per_round):
     """The rounds of one process: a list of {contender: microseconds per request}."""
     apps = {name: build() for name, build in in_process_contenders().items()}
     time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
-    return [time_round(apps, round_number * per_round, per_round) for round_number in range(rounds)]
+    return [time_round(apps, round_number * per_round, per_round)
+            for round_number in range(rounds)]
 
 
 def median_ratio(samples, name, baseline):
@@ -203,8 +218,9 @@ def median_ratio(samples, name, baseline):
 
 
 def summarize(samples, baseline):
-    """{name: (median figure, median ratio to baseline)} from a list of rounds, each {name: figure}."""
-    return {name: (statistics.median(sample[name] for sample in samples), median_ratio(samples, name, baseline))
+    """{name: (median figure, median ratio to baseline)} from rounds, each {name: figure}."""
+    return {name: (statistics.median(sample[name] for sample in samples),
+                   median_ratio(samples, name, baseline))
             for name in samples[0]}
 
 
@@ -218,9 +234,11 @@ function setup(thread) thread:set("slot", threads); threads = threads + 1 end
 function init() counter = base + slot * 100000000 end
 function request()
   counter = counter + 1
-  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14, which repeats ids
-  return wrk.format("POST", "/plants", {["Content-Type"] = "application/json", ["Authorization"] = auth},
+  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14: ids repeat
+  return wrk.format("POST", "/plants",
+                    {["Content-Type"] = "application/json", ["Authorization"] = auth},
                     string.format('{"id": %d, "name": "Fern", "tag": "indoor"}', counter))
+
 end
 """
 
@@ -244,54 +262,105 @@ def wait_for_port(port, process, seconds=30):
     raise SystemExit("the server did not start listening")
 
 
-def granian_recipe(store, port):
-    """granian's command for a store ("memory", "sqlite" or "postgres"), as deploy/plantstore-granian.service has it."""
+# The servers' flags per store, in one place: the README's recipes for gunicorn, and those of
+# deploy/plantstore-granian.service (docs/granian.md) for granian. Change them here to measure
+# others: the output says when granian's differ from the unit's. With group commit, a batch in
+# one process holds at most as many creates as that process has threads.
+GUNICORN = {"memory": "-w 1 --threads 8",
+            "sqlite": "-w 2 --threads 4",
+            "postgres": "-w 2 --threads 4"}
+GRANIAN = {"memory": "--workers 1 --blocking-threads 8 --runtime-mode st",
+           "sqlite": "--workers 2 --blocking-threads 2 --runtime-mode st",
+           "postgres": "--workers 2 --blocking-threads 8 --runtime-mode st"}
+STORE_NAMES = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
+
+
+def gunicorn_command(store, port, app="plantstore:app", pythonpath=HERE.parent):
+    return [sys.executable, "-m", "gunicorn", *GUNICORN[store].split(), "-k", "gthread",
+            "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(pythonpath),
+            app]
+
+
+def granian_command(store, port, app="plantstore:app"):
+    """granian as deploy/plantstore-granian.service runs it, with GRANIAN's flags for the store."""
+    return [sys.executable, "-m", "granian", "--interface", "wsgi", "--http", "1", "--no-ws",
+            "--host", "127.0.0.1", "--port", str(port), *GRANIAN[store].split(),
+            "--log-level", "warning", app]
+
+
+def server_label(server, store):
+    """gunicorn's flags as written; granian's as docs/granian.md names them: w2 bt8 st is
+    --workers 2 --blocking-threads 8 --runtime-mode st."""
+    if server == "gunicorn":
+        return f"gunicorn {GUNICORN[store]}"
+    short = {"workers": "w", "blocking-threads": "bt", "runtime-threads": "rt",
+             "backpressure": "bp", "runtime-mode": ""}
+    return "granian " + re.sub(r"--([\w-]+) (\w+)",
+                               lambda m: short[m[1]] + m[2] if m[1] in short else m[0],
+                               GRANIAN[store])
+
+
+def unlike_the_unit():
+    """The stores whose GRANIAN flags are not those of deploy/plantstore-granian.service."""
     unit = (HERE.parent / "deploy" / "plantstore-granian.service").read_text()
-    line = {"memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
-            "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
-            "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$"}[store]
-    flags = re.search(line, unit, re.MULTILINE)[1].split()
-    flags[flags.index("--port") + 1] = str(port)
-    return [sys.executable, "-m", "granian", *flags]
+    lines = {"memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
+             "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
+             "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$"}
+    found = {store: re.search(line, unit, re.MULTILINE) for store, line in lines.items()}
+    return [store for store in lines
+            if not found[store] or f" {GRANIAN[store]} " not in f" {found[store][1]} "]
 
 
-def start_server(kind, port, db_path):
-    env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
-    env.pop("WEB_CONCURRENCY", None)
-    env.pop("PLANTSTORE_DB", None)
-    if kind == "sqlite":
-        env["PLANTSTORE_DB"] = db_path
-        args = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4", "-k", "gthread",
-                "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
-                "plantstore:app"]
-    elif kind == "embedded":
-        args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
-    elif kind.startswith("granian"):  # the recipe for the in-memory store: plantstore, or the ceiling app
-        app = "plantstore:app" if kind == "granian" else f"{Path(__file__).resolve()}:ceiling"
-        args = [*granian_recipe("memory", port), "--log-level", "warning", app]
-    else:
-        app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
-        args = [sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-k", "gthread",
-                "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-                "--pythonpath", f"{HERE.parent},{HERE}", app]
-    process = subprocess.Popen(args, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+def server_environ(db=None, **more):
+    """A server's environment: the token, the store (None: in memory), no flag's override."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("WEB_CONCURRENCY", "PLANTSTORE_DB") and not name.startswith("GRANIAN_")}
+    return {**env, "PLANTSTORE_TOKENS": TOKEN, **({"PLANTSTORE_DB": db} if db else {}), **more}
+
+
+def spawn(args, port, env, cwd=HERE.parent):
+    """Start a server and return its process once it listens on port."""
+    process = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port(port, process)
     return process
 
 
+def start_server(kind, port, db_path):
+    if kind == "sqlite":
+        args = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4", "-k", "gthread",
+                "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+                "--pythonpath", str(HERE.parent), "plantstore:app"]
+        return spawn(args, port, server_environ(db_path))
+    if kind == "embedded":
+        args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
+        return spawn(args, port, server_environ())
+    if kind.startswith("granian"):  # the in-memory flags: plantstore, or the ceiling app
+        app = "plantstore:app" if kind == "granian" else f"{Path(__file__).resolve()}:ceiling"
+        return spawn(granian_command("memory", port, app), port, server_environ())
+    app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
+    args = gunicorn_command("memory", port, app, pythonpath=f"{HERE.parent},{HERE}")
+    return spawn(args, port, server_environ())
+
+
 def run_wrk(port, script, seconds, connections, id_base, latencies=None):
-    """Requests per second, non-2xx answers and socket errors; with a dict, also its p99 and max in ms."""
+    """Requests per second, non-2xx answers and socket errors; with a dict, also the mean, p50, p99
+    and longest latency ("max"), in ms."""
     env = {**os.environ, "BENCH_TOKEN": TOKEN, "BENCH_ID_BASE": str(id_base)}
-    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency", "-s", script,
-                          f"http://127.0.0.1:{port}/plants"], env=env, capture_output=True, text=True,
-                         timeout=seconds + 60, check=True).stdout
+    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
+                          "--latency", "-s", script, f"http://127.0.0.1:{port}/plants"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 60,
+                         check=True).stdout
+
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
     non_2xx = int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     if latencies is not None:
-        latencies["p99"] = milliseconds(re.search(r"99%\s+([\d.]+\w+)", out)[1])
-        latencies["max"] = milliseconds(re.search(r"Latency\s+\S+\s+\S+\s+([\d.]+\w+)", out)[1])
+        mean, _, longest = re.search(r"Latency\s+([\d.]+\w+)\s+(\S+)\s+([\d.]+\w+)", out).groups()
+        latencies.update(mean=milliseconds(mean), max=milliseconds(longest))
+        for name, percent in ("p50", "50"), ("p99", "99"):
+            found = re.search(rf"^\s+{percent}%\s+([\d.]+\w+)", out, re.MULTILINE)
+            latencies[name] = milliseconds(found[1])
     return rps, non_2xx, errors
 
 
@@ -302,7 +371,8 @@ def milliseconds(text):
 
 
 def bench_http(rounds, seconds, connections, db_path):
-    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers; and granian's own ratios."""
+    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers; and
+    granian's own ratios."""
     kinds = ["plantstore", "ceiling", "granian", "granian-ceiling", "embedded", "sqlite"]
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
@@ -313,10 +383,12 @@ def bench_http(rounds, seconds, connections, db_path):
         for kind in kinds:
             servers[kind] = (port := free_port()), start_server(kind, port, db_path)
         for round_number in range(rounds):
-            # Each pair a ratio is about runs back to back, each first every other round; then the rest.
+            # Each pair a ratio is about runs back to back, each first every other round; then
+            # the rest.
             flip = 1 if round_number % 2 else -1
             samples.append({})
-            for kind in ["plantstore", "ceiling"][::flip] + ["granian", "granian-ceiling"][::flip] + ["embedded", "sqlite"]:
+            for kind in (["plantstore", "ceiling"][::flip] + ["granian", "granian-ceiling"][::flip]
+                         + ["embedded", "sqlite"]):
                 port = servers[kind][0]
                 rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
                                                id_base=(round_number + 1) * 10**12)
@@ -327,7 +399,9 @@ def bench_http(rounds, seconds, connections, db_path):
             process.terminate()
             process.wait(30)
         os.unlink(script.name)
-    rates = {kind: (rps, ratio, bad[kind]) for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+    rates = {kind: (rps, ratio, bad[kind])
+             for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+
     granian = {"vs gunicorn": median_ratio(samples, "granian", "plantstore"),
                "vs its ceiling": median_ratio(samples, "granian", "granian-ceiling"),
                "ceilings": median_ratio(samples, "granian-ceiling", "ceiling")}
@@ -341,16 +415,17 @@ def bench_memory(plants):
     store = plantstore.PlantStore()
     application = plantstore.make_app([TOKEN], store=store)
     tags = ["indoor", "outdoor", "succulent", "fern", "herb"]
-    start_response = lambda status, headers, exc_info=None: None  # noqa: E731
+    start_response = lambda *_: None  # noqa: E731
     environ = request_environs(0, 1)[0]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for plant_id in range(plants):
-        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (plant_id, plant_id, tags[plant_id % 5].encode())
+        tag = tags[plant_id % 5].encode()
+        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (plant_id, plant_id, tag)
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         application(environ, start_response)
-    environ = body = None
+    environ = body = tag = None
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert len(store._seq) == plants
@@ -363,116 +438,279 @@ def bench_stores(rounds, per_round, db_path):
     """Creates per second through the application, in-memory store against SQLite, interleaved."""
     apps = {"memory": plantstore.make_app([TOKEN]),
             "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path))}
-    samples = [{name: 1e6 / micros for name, micros in time_round(apps, round_number * per_round, per_round).items()}
+    samples = [{name: 1e6 / micros
+                for name, micros in time_round(apps, round_number * per_round, per_round).items()}
                for round_number in range(rounds)]
+
     return summarize(samples, "memory")
 
 
 # ---- 5. Durable creates over HTTP: PostgreSQL, SQLite, memory ----
 
-DURABLE = {  # label: (PLANTSTORE_DB, the server: gunicorn's workers and threads, or granian's recipe)
-    "memory, gunicorn -w 1 --threads 8": (None, ("gunicorn", 1, 8)),
-    "SQLite, gunicorn -w 2 --threads 4": ("sqlite", ("gunicorn", 2, 4)),
-    "PostgreSQL, gunicorn -w 2 --threads 4": ("postgres", ("gunicorn", 2, 4)),
-    "memory, granian": (None, ("granian", "memory")),
-    "SQLite, granian": ("sqlite", ("granian", "sqlite")),
-    "PostgreSQL, granian": ("postgres", ("granian", "postgres")),
-}
-PGBENCH = "PostgreSQL, pgbench -c 8"  # the database's own rate at the same inserts, without plantstore
-PGBENCH_16 = "PostgreSQL, pgbench -c 16"  # as many commits under way as wrk's 16 connections can make
+SERVERS = ("gunicorn", "granian")
+LOADED = [(store, server) for server in SERVERS for store in ("memory", "sqlite", "postgres")]
+PGBENCH = ("postgres", "pgbench")  # the database's own rate at the same inserts, without HTTP
+LOW_LOAD = [(store, server) for store in ("sqlite", "postgres") for server in SERVERS]
+BARS = [  # (row, against, the bar of issue 31 or None), as median ratios within a round
+    (("postgres", "granian"), PGBENCH, 0.75),
+    (("sqlite", "granian"), ("memory", "granian"), 0.3),
+    (("postgres", "gunicorn"), PGBENCH, None),
+    (("sqlite", "gunicorn"), ("memory", "gunicorn"), None),
+    (("postgres", "granian"), ("postgres", "gunicorn"), None),  # issue 20's bar was 1.8
+]
+LOW_LOAD_BAR = 1.10  # issue 31: one create at a time, at most 10% slower than on 1.2.0
+BASELINE = "cb8c6625be8c3603113af195e5fa7c9c616d8681"  # main before group commit: plantstore 1.2.0
 
-# The rows plantstore inserts on a create (no webhooks): one statement, in autocommit, as PostgresStore runs it.
+# The rows plantstore inserts on a create (no webhooks): one statement, in autocommit, as
+# PostgresStore runs it.
 PGBENCH_SCRIPT = r"""
 \set id random(1, 9000000000000000000)
 INSERT INTO plants (id, name, tag) VALUES (:id, '\x4665726e'::bytea, '\x696e646f6f72'::bytea) ON CONFLICT (id) DO NOTHING RETURNING seq;
-"""
+"""  # noqa: E501 (pgbench reads a statement on one line)
 
 
-def run_pgbench(postgres, script, seconds, clients=8):
-    """Transactions per second of pgbench with this script: clients sessions, 2 threads, prepared statements."""
+def run_pgbench(postgres, script, seconds, clients):
+    """Transactions per second of pgbench with this script: `clients` sessions, 2 threads."""
     env = {**os.environ, "PGPASSWORD": postgres.password}  # never on the command line
-    binary = shutil.which("pgbench") or max(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench")
-    out = subprocess.run([binary, "-n", "-c", str(clients), "-j", "2", "-M", "prepared", "-T", str(seconds),
-                          "-f", script, "-h", "127.0.0.1", "-p", str(postgres.port), "-U", "plantstore", "plantstore"],
-                         env=env, capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+    binary = (shutil.which("pgbench")
+              or max(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench"))
+    out = subprocess.run([binary, "-n", "-c", str(clients), "-j", "2", "-M", "prepared",
+                          "-T", str(seconds), "-f", script, "-h", "127.0.0.1",
+                          "-p", str(postgres.port), "-U", "plantstore", "plantstore"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 60,
+                         check=True).stdout
     return float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)[1])
 
 
-def bench_durable(rounds, seconds, connections, workdir):
-    """Per server: median requests/s, the worst round's p99, the longest wait (ms), and bad answers;
-    and the median ratios within a round of granian on PostgreSQL to gunicorn's, and to pgbench's."""
+def baseline_source(ref, folder):
+    """Write plantstore.py as it was at git `ref` into folder; return its version (else the ref),
+    or None if git cannot show it."""
+    try:
+        source = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{ref}:plantstore.py"],
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    os.makedirs(folder)
+    Path(folder, "plantstore.py").write_text(source)
+    found = re.search(r'^__version__ = "([^"]+)"', source, re.MULTILINE)
+    return found[1] if found else ref[:12]
+
+
+def xmin_batches(url):
+    """{batch size: batches} in a PostgreSQL database: a transaction's rows share its xmin."""
+    import psycopg
+
+    with psycopg.connect(url) as connection:
+        return Counter(dict(connection.execute(
+            "SELECT size, count(*) FROM (SELECT count(*) AS size FROM plants GROUP BY xmin)"
+            " AS batches GROUP BY size")))
+
+
+def counted_batches(folder, store_class):
+    """{batch size: batches} that benchmarks/batch_sizes.py counted in a server's processes, one
+    per call of _write_batch; None for a plantstore without that method (before group commit)."""
+    if not hasattr(store_class, "_write_batch"):
+        return None
+    counts = Counter()
+    for path in glob.glob(os.path.join(folder, "*.json")):
+        counts.update({int(size): batches
+                       for size, batches in json.loads(Path(path).read_text()).items()})
+    return counts
+
+
+def batch_figures(counts):
+    """The median, mean and largest batch, aligned for the table; n/a without batches."""
+    if not counts:
+        return f"{'n/a':>6} {'n/a':>5} {'n/a':>4}"
+    sizes = sorted(counts.elements())
+    return f"{statistics.median(sizes):>6g} {sum(sizes) / len(sizes):>5.1f} {sizes[-1]:>4}"
+
+
+def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baseline, workdir):
+    """Section 5, in two parts. Loaded: every store under each server at `connections`
+    connections, and pgbench with as many clients, in interleaved rounds, each first in turn;
+    then the sizes of the batches each SQL row wrote. Low load: each SQL store under each server
+    at one connection, beside the same server running plantstore.py as it was at git `baseline`
+    (empty: alone), the two back to back, each first every other round. Every server has a
+    database of its own: the stores grow alike, and no id is another's."""
     sys.path.insert(0, str(HERE.parent))
     import psycopg
-    from test_plantstore import Postgres  # the tests' own server: initdb and pg_ctl in a temporary folder
+    from test_plantstore import Postgres  # the tests' own: initdb and pg_ctl in a temporary folder
 
     postgres = Postgres(durable=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT)
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as insert_script:
-        insert_script.write(PGBENCH_SCRIPT)
-    servers = {}
+    script = os.path.join(workdir, "creates.lua")
+    Path(script).write_text(WRK_SCRIPT)
+    insert_script = os.path.join(workdir, "insert.sql")
+    Path(insert_script).write_text(PGBENCH_SCRIPT)
+    old = os.path.join(workdir, "baseline")
+    version = baseline_source(baseline, old) if baseline else None
+    processes, ports, databases, counters = [], {}, {}, {}
+
+    def start(row, folder=HERE.parent, app="plantstore:app", **environ):
+        (store, server), number = row[:2], len(processes)
+        if store == "sqlite":
+            databases[row] = os.path.join(workdir, f"store{number}.sqlite3")
+        elif store == "postgres":
+            with psycopg.connect(postgres.url, autocommit=True) as connection:
+                connection.execute(f"CREATE DATABASE store{number}")
+            databases[row] = f"{postgres.url.rpartition('/')[0]}/store{number}"
+        ports[row] = port = free_port()
+        if server == "gunicorn":
+            args = gunicorn_command(store, port, app, pythonpath=folder)
+        else:
+            args = granian_command(store, port, app)
+        env = server_environ(databases.get(row), **environ)
+        processes.append(spawn(args, port, env, cwd=folder))
+
     try:
-        for label, (db, (server, *how)) in DURABLE.items():
-            env = {**os.environ, "PLANTSTORE_TOKENS": TOKEN}
-            env.pop("WEB_CONCURRENCY", None)
-            env.pop("PLANTSTORE_DB", None)
-            if db:  # each server a database of its own: the stores grow alike, and no id is another's
-                name = re.sub(r"\W+", "_", label).lower()
-                if db == "sqlite":
-                    env["PLANTSTORE_DB"] = os.path.join(workdir, f"{name}.sqlite3")
-                else:
-                    with psycopg.connect(postgres.url, autocommit=True) as connection:
-                        connection.execute(f"CREATE DATABASE {name}")
-                    env["PLANTSTORE_DB"] = f"{postgres.url.rpartition('/')[0]}/{name}"
-            port = free_port()
-            if server == "gunicorn":
-                args = [sys.executable, "-m", "gunicorn", "-w", str(how[0]), "--threads", str(how[1]), "-k", "gthread",
-                        "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(HERE.parent),
-                        "plantstore:app"]
-            else:
-                args = [*granian_recipe(how[0], port), "--log-level", "warning", "plantstore:app"]
-            servers[label] = port, subprocess.Popen(args, cwd=HERE.parent, env=env, stdin=subprocess.DEVNULL,
-                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            wait_for_port(port, servers[label][1])
-        with psycopg.connect(postgres.url, autocommit=True) as connection:  # pgbench's table: plantstore's own
+        for row in LOADED:
+            if row[0] == "memory":
+                start(row)
+            else:  # served by benchmarks/batch_sizes.py, which counts the creates of each commit
+                counters[row] = os.path.join(workdir, f"batches{len(processes)}")
+                os.makedirs(counters[row])
+                start(row, app="batch_sizes:app", BENCH_BATCHES=counters[row],
+                      PYTHONPATH=str(HERE))
+        for row in LOW_LOAD:  # servers of their own, on plantstore now and at the baseline
+            start((*row, "now"))
+            if version:
+                start((*row, "baseline"), folder=old)
+        with psycopg.connect(postgres.url, autocommit=True) as connection:  # pgbench's table
             for statement in plantstore.PostgresStore.schema:
                 connection.execute(statement)
-        labels = [*DURABLE, PGBENCH, PGBENCH_16]
-        samples, worst = [], {label: {"p99": 0, "max": 0, "bad": 0} for label in labels}
+
+        rows = [*LOADED, PGBENCH]
+        loaded, worst = [], {row: {"p99": 0, "max": 0, "bad": 0} for row in LOADED}
         for round_number in range(rounds):
-            samples.append({})
-            turn = round_number % len(labels)
-            for label in labels[turn:] + labels[:turn]:  # each first in turn
-                if label in (PGBENCH, PGBENCH_16):
-                    samples[-1][label] = run_pgbench(postgres, insert_script.name, seconds, 8 if label == PGBENCH else 16)
+            loaded.append({})
+            turn = round_number % len(rows)
+            for row in rows[turn:] + rows[:turn]:  # each first in turn
+                if row == PGBENCH:
+                    loaded[-1][row] = run_pgbench(postgres, insert_script, seconds, connections)
                     continue
                 latencies = {}
-                rps, non_2xx, errors = run_wrk(servers[label][0], script.name, seconds, connections,
-                                               id_base=(round_number + 1) * 10**12, latencies=latencies)
-                samples[-1][label] = rps
-                worst[label] = {"p99": max(worst[label]["p99"], latencies["p99"]),
-                                "max": max(worst[label]["max"], latencies["max"]),
-                                "bad": worst[label]["bad"] + non_2xx + errors}
+                rps, non_2xx, errors = run_wrk(ports[row], script, seconds, connections,
+                                               id_base=(round_number + 1) * 10**12,
+                                               latencies=latencies)
+                loaded[-1][row] = rps
+                worst[row] = {"p99": max(worst[row]["p99"], latencies["p99"]),
+                              "max": max(worst[row]["max"], latencies["max"]),
+                              "bad": worst[row]["bad"] + non_2xx + errors}
+        time.sleep(1)  # each serving process writes its counts every half second
+        batches = {}
+        for row, folder in counters.items():
+            store_class = {"sqlite": plantstore.SQLiteStore,
+                           "postgres": plantstore.PostgresStore}[row[0]]
+            batches[row] = {"counted": counted_batches(folder, store_class),
+                            "xmin": xmin_batches(databases[row]) if row[0] == "postgres" else None}
+
+        low = []  # one {server: its latencies in ms, and its bad answers} per round
+        for round_number in range(low_rounds):
+            low.append({})
+            turn = round_number % len(LOW_LOAD)
+            for row in LOW_LOAD[turn:] + LOW_LOAD[:turn]:
+                pair = [(*row, "now"), (*row, "baseline")] if version else [(*row, "now")]
+                for server in pair[::1 if round_number % 2 else -1]:
+                    latencies = {}
+                    _, non_2xx, errors = run_wrk(ports[server], script, low_seconds, 1,
+                                                 id_base=(round_number + 1) * 10**12,
+                                                 latencies=latencies)
+                    low[-1][server] = {**latencies, "bad": non_2xx + errors}
     finally:
-        for _, process in servers.values():
+        for process in processes:
             process.terminate()
+        for process in processes:
             process.wait(30)
-        os.unlink(script.name)
-        os.unlink(insert_script.name)
         postgres.remove()
-    rates = {label: (rps, ratio, worst[label]) for label, (rps, ratio) in
-             summarize(samples, "memory, gunicorn -w 1 --threads 8").items()}
-    ratios = {"vs gunicorn": median_ratio(samples, "PostgreSQL, granian", "PostgreSQL, gunicorn -w 2 --threads 4"),
-              "vs pgbench": median_ratio(samples, "PostgreSQL, granian", PGBENCH),
-              "vs pgbench 16": median_ratio(samples, "PostgreSQL, granian", PGBENCH_16),
-              "gunicorn vs pgbench": median_ratio(samples, "PostgreSQL, gunicorn -w 2 --threads 4", PGBENCH)}
-    return rates, ratios
+    return {"loaded": loaded, "worst": worst, "batches": batches, "low": low, "version": version}
+
+
+def print_durable(results, args):
+    """Section 5's two tables, the ratios of issue 31's bars, and how each figure was taken."""
+    loaded, worst, batches = results["loaded"], results["worst"], results["batches"]
+
+    def label(row):
+        if row == PGBENCH:
+            return f"PostgreSQL, pgbench -c {args.connections}"
+        return f"{STORE_NAMES[row[0]]}, {server_label(row[1], row[0])}"
+
+    print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections} unique creates, "
+          f"{args.durable_rounds} interleaved rounds of {args.durable_seconds} s; requests/s is "
+          f"the median round, vs memory the median ratio within a round to the in-memory store "
+          f"under the same server, p99 the worst round's, max the longest wait; a batch is the "
+          f"creates written by one commit:")
+    print(f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  "
+          f"{'max ms':>7}  {'non-2xx/err':>11}  {'batch median':>12} {'mean':>5} {'max':>4}")
+    for row in LOADED:
+        rps = statistics.median(sample[row] for sample in loaded)
+        line = (f"  {label(row):<38} {rps:>10.0f}  "
+                f"{median_ratio(loaded, row, ('memory', row[1])):>8.3f}x  "
+                f"{worst[row]['p99']:>7.1f}  {worst[row]['max']:>7.1f}  {worst[row]['bad']:>11}")
+        if row in batches:
+            line += "  " + batch_figures(batches[row]["counted" if row[0] == "sqlite" else "xmin"])
+        print(line)
+    rps = statistics.median(sample[PGBENCH] for sample in loaded)
+    print(f"  {label(PGBENCH):<38} {rps:>10.0f}  (inserts/s of the same rows, one transaction "
+          f"each, no HTTP)")
+    print("  batches: PostgreSQL's read from its database after the rounds (the rows of one "
+          "transaction share xmin); SQLite's counted in the serving processes, one per call of "
+          "SQLStore._write_batch (benchmarks/batch_sizes.py)"
+          + ("" if hasattr(plantstore.SQLiteStore, "_write_batch")
+             else ", which this plantstore has not: n/a"))
+    for row in LOADED:
+        if row[0] == "postgres" and batches[row]["counted"] is not None:
+            median, mean, largest = batch_figures(batches[row]["counted"]).split()
+            print(f"  {label(row)}, its batches counted as SQLite's are: median {median}, "
+                  f"mean {mean}, largest {largest}")
+    print("  the issue's bars, median ratios within a round:")
+    for row, against, bar in BARS:
+        ratio = median_ratio(loaded, row, against)
+        verdict = f"  bar >= {bar}: {'met' if ratio >= bar else 'NOT met'}" if bar else ""
+        print(f"    {label(row) + ' / ' + label(against):<72} {ratio:>6.2f}x{verdict}")
+    if differ := unlike_the_unit():
+        print(f"  granian's flags for {', '.join(STORE_NAMES[store] for store in differ)} are not "
+              f"those of deploy/plantstore-granian.service (GRANIAN in this file)")
+    if results["low"]:
+        print_low_load(results["low"], results["version"], label, args)
+
+
+def print_low_load(low, version, label, args):
+    """The low-load table: each row's median round, and its median ratios to the baseline's."""
+    print(f"\nLow load, wrk -t1 -c1, one create at a time: {args.low_rounds} interleaved rounds "
+          f"of {args.low_seconds} s; the median round's latencies", end="")
+    if version:
+        print(f", and the median ratio within a round to the same server on plantstore {version} "
+              f"(git {args.baseline[:12]}), run back to back with it, each first every other "
+              f"round (the issue's bar: at most {LOW_LOAD_BAR:.2f}x):")
+    elif args.baseline:
+        print(f" (no baseline: git showed no plantstore.py at {args.baseline}):")
+    else:
+        print(":")
+    print(f"  {'store, server':<38} {'mean ms':>7}  {'p50 ms':>7}  {'p99 ms':>7}  "
+          f"{'non-2xx/err':>11}"
+          + (f"  {'vs ' + version + ': mean':>17}  {'p50':>6}  {'p99':>6}" if version else ""))
+    for row in LOW_LOAD:
+        now, then = (*row, "now"), (*row, "baseline")
+        for server in [now, then] if version else [now]:
+            figures = [statistics.median(sample[server][name] for sample in low)
+                       for name in ("mean", "p50", "p99")]
+            line = (f"  {label(row) if server == now else '  the same on ' + version:<38} "
+                    f"{figures[0]:>7.2f}  {figures[1]:>7.2f}  {figures[2]:>7.2f}  "
+                    f"{sum(sample[server]['bad'] for sample in low):>11}")
+            if version and server == now:
+                for name, width in ("mean", 16), ("p50", 5), ("p99", 5):
+                    ratio = statistics.median(sample[now][name] / sample[then][name]
+                                              for sample in low)
+
+                    line += f"  {ratio:>{width}.2f}x"
+            print(line)
 
 
 # ---- 6. Listing at size ----
 
 def bench_listing(plants):
-    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB and longest create gap."""
+    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB and the
+    longest gap between creates made meanwhile."""
     application = None
 
     def page_micros(store, repeat=2000):
@@ -480,7 +718,7 @@ def bench_listing(plants):
         application = plantstore.make_app([TOKEN], store=store)
         environ = request_environs(0, 1)[0]
         environ.update(REQUEST_METHOD="GET", QUERY_STRING="limit=10", CONTENT_LENGTH="")
-        start_response = lambda status, headers, exc_info=None: None  # noqa: E731
+        start_response = lambda *_: None  # noqa: E731
         begin = time.perf_counter()
         for _ in range(repeat):
             b"".join(application(environ, start_response))
@@ -504,7 +742,7 @@ def bench_listing(plants):
 
     def whole_listing():
         size = 0
-        for chunk in application(environ, lambda status, headers, exc_info=None: None):
+        for chunk in application(environ, lambda *_: None):
             size += len(chunk)  # as a server would: written out, then let go
         return size
 
@@ -541,21 +779,26 @@ def bench_listing(plants):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
-    parser.add_argument("--processes", type=int, default=3, help="fresh processes for the in-process rounds")
-    parser.add_argument("--rounds", type=int, default=11, help="in-process rounds per process")
-    parser.add_argument("--per-round", type=int, default=20_000, help="requests per contender per round")
-    parser.add_argument("--http-seconds", type=int, default=1, help="wrk seconds per contender per round")
-    parser.add_argument("--http-rounds", type=int, default=60)
-    parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
-    parser.add_argument("--store-rounds", type=int, default=5)
-    parser.add_argument("--store-per-round", type=int, default=2_000, help="creates per store per round")
-    parser.add_argument("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
-    parser.add_argument("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
-    parser.add_argument("--listing-plants", type=int, default=1_000_000, help="plants for section 6 (listing)")
-    parser.add_argument("--only", choices=["durable", "listing"], help="run one section alone")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
+    add = parser.add_argument
+    add("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
+    add("--processes", type=int, default=3, help="fresh processes for the in-process rounds")
+    add("--rounds", type=int, default=11, help="in-process rounds per process")
+    add("--per-round", type=int, default=20_000, help="requests per contender per round")
+    add("--http-seconds", type=int, default=1, help="wrk seconds per contender per round")
+    add("--http-rounds", type=int, default=60)
+    add("--connections", type=int, default=16)
+    add("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
+    add("--store-rounds", type=int, default=5)
+    add("--store-per-round", type=int, default=2_000, help="creates per store per round")
+    add("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
+    add("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
+    add("--low-rounds", type=int, default=10, help="rounds of section 5's low load (wrk -c1)")
+    add("--low-seconds", type=int, default=1, help="wrk seconds per server per low-load round")
+    add("--baseline", default=BASELINE,
+        help="the git commit whose plantstore.py serves beside each low-load row ('': none)")
+    add("--listing-plants", type=int, default=1_000_000, help="plants for section 6 (listing)")
+    add("--only", choices=["durable", "listing"], help="run one section alone")
+    add("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(in_process_rounds(args.rounds, args.per_round)))
@@ -567,63 +810,62 @@ def main(argv=None):
 
     print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
-    print(f"command: python benchmarks/bench_plantstore.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    command = " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: python benchmarks/bench_plantstore.py {command}")
 
     if args.quick:
         args.listing_plants = 20_000
     if args.only in (None, "listing"):
         listing = bench_listing(args.listing_plants)
-        print(f"\nListing at size, in process, in-memory store:")
+        print("\nListing at size, in process, in-memory store:")
         print(f"  a page of 10 at 1,000 plants        {listing['small']:>8.1f} us")
         print(f"  a page of 10 at {args.listing_plants:<,} plants {listing['large']:>10.1f} us  "
               f"({listing['large'] / listing['small']:.2f}x)")
         print(f"  the same after deleting the oldest 90% {listing['after_deletes']:>5.1f} us  "
               f"({listing['after_deletes'] / listing['small']:.2f}x)")
-        print(f"  the whole listing at {args.listing_plants:,} plants: {listing['seconds']:.2f} s, "
-              f"{listing['bytes'] / 1e6:.0f} MB sent, {listing['peak_mb']:.1f} MB more memory at its peak, "
-              f"creates on another thread at most {listing['gap_ms']:.1f} ms apart")
+        print(f"  the whole listing at {args.listing_plants:,} plants: "
+              f"{listing['seconds']:.2f} s, {listing['bytes'] / 1e6:.0f} MB sent, "
+              f"{listing['peak_mb']:.1f} MB more memory at its peak, creates on another thread "
+              f"at most {listing['gap_ms']:.1f} ms apart")
     if args.only == "listing":
         return 0
     if not args.quick and args.only in (None, "durable"):
-        durable, ratios = bench_durable(args.durable_rounds, args.durable_seconds, args.connections, workdir.name)
-        print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections}, {args.durable_rounds} interleaved rounds of "
-              f"{args.durable_seconds} s; requests/s is the median round, p99 the worst round's, max the longest wait:")
-        print(f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  {'max ms':>7}  {'errors':>6}")
-        for label, (rps, vs_memory, worst) in durable.items():
-            if label in (PGBENCH, PGBENCH_16):
-                print(f"  {label:<38} {rps:>10.0f}  {vs_memory:>8.3f}x  (inserts/s of the same rows, no HTTP)")
-                continue
-            print(f"  {label:<38} {rps:>10.0f}  {vs_memory:>8.3f}x  {worst['p99']:>7.1f}  {worst['max']:>7.1f}  "
-                  f"{worst['bad']:>6}")
-        print(f"  granian on PostgreSQL: {ratios['vs gunicorn']:.2f}x gunicorn's, {ratios['vs pgbench']:.2f}x pgbench's "
-              f"inserts with 8 clients (gunicorn: {ratios['gunicorn vs pgbench']:.2f}x), {ratios['vs pgbench 16']:.2f}x "
-              f"with 16; median ratios within a round")
+        results = bench_durable(args.durable_rounds, args.durable_seconds, args.connections,
+                                args.low_rounds, args.low_seconds, args.baseline, workdir.name)
+        print_durable(results, args)
     if args.only == "durable":
         return 0
 
     micro = bench_in_process(args.processes, args.rounds, args.per_round)
-    print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of {args.per_round} valid "
-          f"creates ({args.processes} fresh processes x {args.rounds}):")
+    print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of "
+          f"{args.per_round} valid creates ({args.processes} fresh processes x {args.rounds}):")
     print(f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  {'vs plantstore':>13}")
     for name, (micros, vs_ceiling, vs_plantstore) in micro.items():
         print(f"  {name:<12} {micros:>10.2f}  {vs_ceiling:>9.2f}x  {vs_plantstore:>12.2f}x")
 
-    stores = bench_stores(args.store_rounds, args.store_per_round, os.path.join(workdir.name, "inproc.sqlite3"))
-    print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of {args.store_per_round} creates:")
+    stores = bench_stores(args.store_rounds, args.store_per_round,
+                          os.path.join(workdir.name, "inproc.sqlite3"))
+    print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of "
+          f"{args.store_per_round} creates:")
     for name, (rate, vs_memory) in stores.items():
         print(f"  {name:<12} {rate:>10.0f} creates/s  {vs_memory:>6.3f}x")
 
     if not args.quick:
         rates, granian = bench_http(args.http_rounds, args.http_seconds, args.connections,
                                     os.path.join(workdir.name, "http.sqlite3"))
-        print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of {args.http_rounds} "
-              f"interleaved {args.http_seconds} s rounds (gunicorn -w 1 --threads 8, gthread; granian with the "
-              f"in-memory recipe of deploy/plantstore-granian.service):")
-        print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  {'non-2xx or errors':>17}")
+        print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of "
+              f"{args.http_rounds} interleaved {args.http_seconds} s rounds (gunicorn -w 1 "
+              f"--threads 8, gthread; {server_label('granian', 'memory')}):")
+        print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  "
+              f"{'non-2xx or errors':>17}")
+
         print("  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)")
-        for kind, label in [("plantstore", "gunicorn plantstore:app"), ("ceiling", "gunicorn ceiling"),
-                            ("granian", "granian plantstore:app"), ("granian-ceiling", "granian ceiling"),
-                            ("embedded", "python plantstore.py"), ("sqlite", "gunicorn -w 4, SQLite")]:
+        for kind, label in [("plantstore", "gunicorn plantstore:app"),
+                            ("ceiling", "gunicorn ceiling"),
+                            ("granian", "granian plantstore:app"),
+                            ("granian-ceiling", "granian ceiling"),
+                            ("embedded", "python plantstore.py"),
+                            ("sqlite", "gunicorn -w 4, SQLite")]:
             rps, vs_ceiling, bad = rates[kind]
             print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.3f}x  {bad:>17}")
         print(f"  granian plantstore:app: {granian['vs gunicorn']:.2f}x gunicorn plantstore:app, "
