@@ -21,6 +21,7 @@ import random
 import re
 import secrets
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -3109,6 +3110,369 @@ def test_log_lines_carry_no_query_string_and_no_token(served, capsys):
     assert "Traceback" not in logged
     for secret in ("SECRET-IN-QUERY", "WRONG-SECRET", "SECRET-IN-BAD-LINE", TOKEN):
         assert secret not in logged
+
+
+# ---- Backups, restores and the move to PostgreSQL (docs/operations.md) ----
+
+OPERATIONS = HERE / "docs" / "operations.md"
+
+
+class Runbook:
+    """docs/operations.md's blocks of commands, run as written by bash, with the test's own settings.
+
+    Each block under a `<!-- run: NAME -->` comment runs after the doc's settings block, in which only the
+    values are the test's: its `export`s stay as written, so a name pgloader needs from the environment and
+    the doc forgot to export fails here too.
+    """
+
+    def __init__(self, folder, **settings):
+        text = OPERATIONS.read_text()
+        self.blocks = dict(re.findall(r"<!-- run: ([\w-]+) -->\n```sh\n(.*?)```\n", text, re.S))
+        block = re.search(r"<!-- settings -->\n```sh\n(.*?)```\n", text, re.S)[1]
+        assignment = re.compile(r"(export )?([A-Z_]+)=\S+( +#.*)?")
+        lines = block.splitlines()
+        assert all(assignment.fullmatch(line) for line in lines), "the settings block holds assignments alone"
+        assert sorted(assignment.fullmatch(line)[2] for line in lines) == sorted(settings), "names the tests set"
+        self.settings_block = "".join(f"{m[1] or ''}{m[2]}={shlex.quote(str(settings[m[2]]))}\n"
+                                      for m in map(assignment.fullmatch, lines))
+        self.folder, self.settings = folder, settings
+        self.env = {k: v for k, v in environ_without_tokens().items() if not k.startswith("PG")}
+
+    def script(self, name, **settings):
+        chosen = "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in settings.items())
+        return f"set -euo pipefail\n{self.settings_block}{chosen}{self.blocks[name]}"
+
+    PACKAGES = {"sqlite3": "sqlite3", "pgloader": "pgloader", "psql": "postgresql-client",
+                "pg_dump": "postgresql-client", "pg_restore": "postgresql-client"}  # Debian's
+
+    def run(self, name, **settings):
+        """Run the block; return what it printed. It must exit 0."""
+        missing = {package for program, package in self.PACKAGES.items()
+                   if re.search(rf"(?<![\w./-]){program} ", self.blocks[name])
+                   and not shutil.which(program)}
+        assert not missing, f"docs/operations.md's block {name} needs: apt-get install {' '.join(sorted(missing))}"
+        done = subprocess.run(["bash", "-c", self.script(name, **settings)], cwd=self.folder, env=self.env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT * 2)
+        assert done.returncode == 0, f"docs/operations.md, block {name}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def start(self, spawn, name):
+        """Start the block, to be stopped with Ctrl-C (SIGINT): bash outlives it, as an interactive shell does."""
+        return spawn(["bash", "-c", "trap : INT\n" + self.script(name)], self.env)
+
+
+@pytest.fixture
+def runbook(tmp_path):
+    """docs/operations.md's settings, for an SQLite file in tmp_path and the suite's PostgreSQL (if used)."""
+    command = tmp_path / "plantstore"  # as pip installs it: a command that runs plantstore
+    command.write_text(f'#!/bin/sh\nexec {shlex.join([sys.executable, str(HERE / "plantstore.py")])} "$@"\n')
+    command.chmod(0o755)
+    port = free_port()  # a PostgreSQL that a test without one never reaches
+    settings = {"SQLITE": tmp_path / "plants.sqlite3", "PG": f"postgresql://plantstore@127.0.0.1:{port}/plantstore",
+                "PGPASSFILE": tmp_path / "pgpass", "BACKUPS": tmp_path / "backups", "PLANTSTORE": command,
+                "OLD_URL": "http://127.0.0.1:1/old", "NEW_URL": "http://127.0.0.1:1/new"}
+    return Runbook(tmp_path, **settings)
+
+
+@pytest.fixture
+def runbook_pg(runbook, postgres, tmp_path):
+    """The same, with the suite's PostgreSQL emptied: its password in a file of libpq's, never in $PG."""
+    postgres.reset()
+    password_file = tmp_path / "pgpass"
+    password_file.write_text(f"127.0.0.1:{postgres.port}:plantstore:plantstore:{postgres.password}\n")
+    password_file.chmod(0o600)
+    return Runbook(tmp_path, **{**runbook.settings,
+                                "PG": f"postgresql://plantstore@127.0.0.1:{postgres.port}/plantstore"})
+
+
+class Creates:
+    """Threads that create plants over HTTP until stopped; `answered` lists, in turn, each id answered 200."""
+
+    def __init__(self, host, port, threads=4):
+        self.answered, self.statuses, self._stop = [], collections.Counter(), threading.Event()
+        ids = itertools.count(random.randrange(10**15))
+        self._threads = [threading.Thread(target=self._create, args=(host, port, ids)) for _ in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def _create(self, host, port, ids):
+        while not self._stop.is_set():
+            plant_id = next(ids)
+            status = post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"steady {plant_id}"})[0]
+            self.statuses[status] += 1
+            if status == 200:
+                self.answered.append(plant_id)
+
+    def wait_for(self, count):
+        deadline = time.monotonic() + WAIT
+        while len(self.answered) < count:
+            assert time.monotonic() < deadline, f"{len(self.answered)} of {count} creates answered"
+            time.sleep(0.01)
+        return set(self.answered)
+
+    def stop(self):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(WAIT)
+        return set(self.answered)
+
+
+def serve_plantstore(spawn, env):
+    """python plantstore.py on a free port; return the process, its address and its stderr lines."""
+    process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
+    err = Lines(process.stderr)
+    return process, *err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(), err
+
+
+def stop_service(process):
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(WAIT) == 0
+
+
+def listed_ids(host, port):
+    status, plants = over_http(host, port, TOKEN, "GET", "/plants")
+    assert status == 200
+    return [int(plant["name"].split()[1]) for plant in plants]
+
+
+def test_operations_an_sqlite_backup_during_creates_restores_every_create_answered_before_it(runbook, spawn):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(runbook.settings["SQLITE"]))
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    creates = Creates(host, port)
+    before = creates.wait_for(200)  # each answered 200 before the backup started
+    backup = Path(runbook.run("sqlite-backup").strip())
+    during = creates.wait_for(len(creates.answered) + 200)  # creates go on during and after it
+    answered = creates.stop()
+    stop_service(service)  # the restore's first step, as the doc says
+    assert creates.statuses.keys() == {200} and answered > during > before
+    assert backup.stat().st_mode & 0o777 == 0o600  # readable by its owner alone, as plantstore's own file
+    said = runbook.run("sqlite-restore")
+    process, host, port, _ = serve_plantstore(spawn, env)
+    restored = listed_ids(host, port)
+    assert said == f"ok\n{len(restored)} plants, 0 waiting events\n"
+    assert before <= set(restored) < answered and len(restored) == len(set(restored))  # less those after it
+    assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200
+    assert listed_ids(host, port)[-1] == -1  # listed last
+    assert Path(f"{runbook.settings['SQLITE']}.before-restore").exists()  # the replaced file is kept
+
+
+def test_operations_a_postgres_backup_during_creates_restores_every_create_answered_before_it(
+        runbook_pg, postgres, spawn):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=postgres.url)
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    creates = Creates(host, port)
+    before = creates.wait_for(200)
+    backup = Path(runbook_pg.run("postgres-backup").strip())
+    creates.wait_for(len(creates.answered) + 200)  # creates go on during and after it
+    answered = creates.stop()
+    assert creates.statuses.keys() == {200} and backup.stat().st_mode & 0o777 == 0o600
+    status, _ = over_http(host, port, TOKEN, "DELETE", f"/plants/{min(before)}")  # a mistake, to be undone
+    assert status == 204
+    stop_service(service)
+    said = runbook_pg.run("postgres-restore")
+    process, host, port, _ = serve_plantstore(spawn, env)
+    restored = listed_ids(host, port)
+    assert said == f"{len(restored)} plants, 0 waiting events\n"
+    assert before <= set(restored) < answered and len(restored) == len(set(restored))
+    assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200  # the identity too
+    assert listed_ids(host, port)[-1] == -1
+
+
+HARD_PIECES = ["\x00", "\ud800", "\udfff", "\U0001f335", "\U0001fab4", "\u862d", "\u30b7\u30c0", "\t", "\\", "\\N",
+               "\n", "\r", "'", '"', ",", "\x1b", "\x7f", "\u2028", "\ufeff", "\x01", " ", "NULL", "{}"]
+
+
+def hard_plants(rng, count):
+    """count plants whose names and tags hold what a copy by text would break, over the whole int64 range."""
+    ids = [INT64_MIN, INT64_MAX, 0, -1, *rng.sample(range(-2**62 + 1, 2**62), count - 4)]
+    return [(plant_id, f"{n} " + "".join(rng.choices(HARD_PIECES, k=rng.randrange(12))),
+             rng.choice([None, "", "indoor", "\x00", "\udc80\U0001f33f"])) for n, plant_id in enumerate(ids)]
+
+
+EVENT_COLUMNS = "seq, url, webhook_id, body, attempts, next_at, lease"
+
+
+def rows(db, sql):
+    return [tuple(bytes(value) if isinstance(value, memoryview) else value for value in row)
+            for row in db.execute(sql).fetchall()]
+
+
+def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting_event(
+        runbook_pg, postgres, spawn, receiver):
+    """docs/operations.md's move, command by command: 2,000 hard names, deletions, ids made again, events."""
+    rng, path = random.Random(30), str(runbook_pg.settings["SQLITE"])
+    old_hook, new_hook = receiver(), receiver()
+    old_hook.stop()  # the old receiver is gone: its events wait
+    plants, store = hard_plants(rng, 2000), SQLiteStore(path)
+    for plant_id, name, tag in plants[:1700]:
+        assert store.add(plant_id, name, tag)
+    make_app([TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET)  # from here, events wait
+    for plant_id, name, tag in plants[1700:]:
+        assert store.add(plant_id, name, tag)
+    again = []  # deleted, then made again: listed last
+    for plant_id, _, _ in rng.sample(plants, 100):
+        assert store.delete(plant_id)
+        if plant_id % 2:
+            assert store.add(plant_id, f"{plant_id} again \x00\ud800", None)
+            again.append(plant_id)
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=path, PLANTSTORE_WEBHOOK_URL=old_hook.url,
+                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    for plant_id in range(1, 11):
+        assert post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"{plant_id} over HTTP \ud83c"})[0] == 200
+    pages, link = {}, "/plants?limit=150"  # next links issued before the move, and the pages they led to
+    while link:
+        status, headers, body = exchange(host, port, "GET", link)
+        assert status == 200
+        pages[link] = body
+        link = re.fullmatch(r'<([^>]+)>; rel="next"', headers["Link"])[1] if "Link" in headers else None
+    with contextlib.closing(sqlite3.connect(path)) as db:  # an event tried already: a next_at of its own
+        deadline = time.monotonic() + WAIT
+        while not db.execute("SELECT count(*) FROM plant_events WHERE attempts > 0").fetchone()[0]:
+            assert time.monotonic() < deadline, "the sender tried no event"
+            time.sleep(0.05)
+    stop_service(service)  # the downtime starts
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        plants_before = rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
+        events_before = rows(db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq")
+    assert len(plants_before) == 2000 - 100 + len(again) + 10 and len(events_before) == 300 + len(again) + 10
+
+    tables = runbook_pg.start(spawn, "make-tables")  # started once on the empty database, then Ctrl-C
+    assert over_http(*Lines(tables.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups(), TOKEN, "GET",
+                     "/health") == (200, {"status": "ok"})  # it serves: the tables are there
+    os.killpg(tables.pid, signal.SIGINT)
+    assert tables.wait(WAIT) == 0
+    runbook_pg.run("pgloader-file")
+    runbook_pg.run("pgloader")
+    runbook_pg.run("empty-tables")  # a copy to do again, as the doc says
+    runbook_pg.run("pgloader")
+    assert runbook_pg.run("check-move") == "the same rows\n"
+    said = runbook_pg.run("repoint-postgres", OLD_URL=old_hook.url, NEW_URL=new_hook.url)
+    assert f"UPDATE {len(events_before)}" in said
+    with psycopg.connect(postgres.url) as db:
+        assert rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq") == plants_before  # byte for byte
+        events_after = rows(db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq")
+    assert events_after == [(seq, new_hook.url, *rest) for seq, _, *rest in events_before]
+
+    env.update(PLANTSTORE_DB=postgres.url, PLANTSTORE_WEBHOOK_URL=new_hook.url)  # the service, on PostgreSQL
+    service, host, port, err = start_gunicorn(spawn, env, 2, 4)
+    for link, body in pages.items():  # every link issued before the move leads to the same page
+        assert exchange(host, port, "GET", link)[::2] == (200, body)
+    assert post_over_http(host, port, TOKEN, {"id": 11, "name": "11 after the move"}) == \
+        (200, {"name": "11 after the move"})
+    everything = over_http(host, port, TOKEN, "GET", "/plants")[1]
+    assert everything == [plant for body in pages.values() for plant in body] + [{"name": "11 after the move"}]
+    for plant_id in INT64_MIN, again[0], 5:  # made before the move: in SQLite, again, over HTTP
+        assert over_http(host, port, TOKEN, "DELETE", f"/plants/{plant_id}")[0] == 204
+    waiting = {webhook_id: json.loads(body) for _, _, webhook_id, body, *_ in events_before}
+    delivered = wait_for_deliveries(new_hook, len(waiting) + 1)
+    assert {webhook_id: delivered[webhook_id] for webhook_id in waiting} == waiting  # each, with its webhook-id
+    assert [delivered[webhook_id] for webhook_id in delivered.keys() - waiting.keys()] == \
+        [{"id": 11, "name": "11 after the move"}]
+    stop_service(service)
+    logged = err.rest()
+    assert "dropped" not in logged and postgres.password not in logged  # no event was lost to the old URL
+    moved = [line for line in logged.splitlines() if "identity" in line]  # a line from each worker that moved it
+    assert {re.search(r"\b(plants|plant_events)\b", line)[1] for line in moved} == {"plant_events", "plants"}
+
+
+def wait_for_deliveries(hook, count):
+    """{webhook-id: payload} of the deliveries answered 2xx, once count different ones came."""
+    deadline = time.monotonic() + WAIT
+    while len(delivered := {webhook_id: payload for webhook_id, payload, status in list(hook.deliveries)
+                            if 200 <= status < 300}) < count:
+        assert time.monotonic() < deadline, f"{len(delivered)} of {count} events came"
+        time.sleep(0.05)
+    return delivered
+
+
+def test_operations_events_repointed_in_sqlite_go_to_the_new_url(runbook, webhook_app, receiver, capsys):
+    old_hook, new_hook = receiver(), receiver()
+    old_hook.stop()
+    path = runbook.settings["SQLITE"]
+    make_app([TOKEN], store=(store := SQLiteStore(path)), webhook_urls=[old_hook.url], webhook_secret=SECRET)
+    for plant_id in range(5):
+        assert store.add(plant_id, f"p{plant_id}", None)
+    said = runbook.run("repoint-sqlite", OLD_URL=old_hook.url, NEW_URL=new_hook.url)
+    assert said == "5 events re-pointed\n"
+    after = webhook_app(SQLiteStore(path), new_hook.url)  # the restart with the new URL
+    after.get("/health", status=200)  # the first request starts the sender
+    assert sorted(plant["id"] for plant in new_hook.wait_for(5)) == list(range(5))
+    assert "dropped" not in capsys.readouterr().err
+
+
+def test_an_empty_tag_stays_an_empty_tag_with_webhooks_on_every_store(any_store, webhook_app, receiver):
+    """A tag of "" is a tag: answered, listed and delivered as "", never as no tag (nor as a 500)."""
+    hook = receiver()
+    application = webhook_app(any_store, hook.url)
+    assert post(application, {"id": 1, "name": "Fern", "tag": ""}, 200).json == {"name": "Fern", "tag": ""}
+    assert application.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern", "tag": ""}]
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern", "tag": ""}]
+
+
+def identity_behind(url, plant_seqs, event_seqs, webhook_url="http://127.0.0.1:1/hook"):
+    """plantstore's tables holding rows copied with their seq, as pgloader copies them: identities left at 1."""
+    PostgresStore(url)
+    with psycopg.connect(url, autocommit=True) as db:
+        for seq in plant_seqs:
+            db.execute("INSERT INTO plants (seq, id, name, tag) OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, NULL)",
+                       (seq, seq, f"copied {seq}".encode()))
+        for seq in event_seqs:
+            db.execute("INSERT INTO plant_events (seq, url, webhook_id, body, next_at) OVERRIDING SYSTEM VALUE"
+                       " VALUES (%s, %s, %s, %s, 0)",
+                       (seq, webhook_url, f"msg_copied{seq}", plantstore.event_json(seq, f"copied {seq}", None)))
+
+
+def test_postgres_identity_behind_the_copied_rows_is_moved_at_start_and_said_in_one_line(pg_url, spawn, receiver,
+                                                                                         postgres):
+    hook = receiver()
+    identity_behind(pg_url, [1, 2, 3, 20550], [1, 2, 21550], hook.url)  # the next seq, 1, is taken in each
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url, PLANTSTORE_WEBHOOK_URL=hook.url,
+                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    process, host, port, err = serve_plantstore(spawn, env)
+    assert post_over_http(host, port, TOKEN, {"id": 7, "name": "new"}) == (200, {"name": "new"})
+    assert over_http(host, port, TOKEN, "GET", "/plants")[1][-1] == {"name": "new"}  # listed last
+    status, _, page = exchange(host, port, "GET", f"/plants?limit=5&after={plantstore.cursor(20550)}")
+    assert (status, page) == (200, [{"name": "new"}])  # after the largest copied seq
+    assert sorted(plant["id"] for plant in hook.wait_for(4)) == [1, 2, 7, 21550]  # the event of the create too
+    stop_service(process)
+    said = [line for line in err.rest().splitlines() if "identity" in line]
+    assert sorted(re.search(r"\b(plants|plant_events)\b", line)[1] for line in said) == ["plant_events", "plants"]
+    assert all(line.startswith("plantstore: ") and postgres.password not in line for line in said)
+    assert "20550" in " ".join(said) and "21550" in " ".join(said)
+
+
+def test_postgres_identity_is_only_ever_moved_forward(pg_url, spawn):
+    """The newest plants deleted, then a restart: a new plant still comes after every link given before."""
+    store = PostgresStore(pg_url)
+    for plant_id in range(12):
+        store.add(plant_id, f"p{plant_id}", None)
+    response = webtest.TestApp(make_app([TOKEN], store=store)).get("/plants?limit=10", headers=AUTH, status=200)
+    link = next_link(response)  # after the 10th plant
+    for plant_id in range(5, 12):
+        assert store.delete(plant_id)
+    process, host, port, err = serve_plantstore(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN,
+                                                                             PLANTSTORE_DB=pg_url))
+    assert post_over_http(host, port, TOKEN, {"id": 99, "name": "new"})[0] == 200
+    assert over_http(host, port, TOKEN, "GET", link) == (200, [{"name": "new"}])
+    stop_service(process)
+    assert "identity" not in err.rest()  # nothing was behind: nothing said
+
+
+@pytest.mark.parametrize("columns, column, problem", [
+    ("id BIGINT UNIQUE, name BYTEA NOT NULL", "id", "null"),
+    ("id BIGINT NOT NULL, name BYTEA NOT NULL", "id", "duplicates"),
+    ("id BIGINT NOT NULL UNIQUE, name BYTEA", "name", "null"),
+], ids=["id-nullable", "id-not-unique", "name-nullable"])
+def test_postgres_a_plants_table_plantstore_could_not_have_made_is_refused_in_one_line(
+        pg_url, postgres, tmp_path, columns, column, problem):
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute(f"CREATE TABLE plants (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {columns},"
+                   " tag BYTEA)")
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=pg_url)
+    said = "".join(lines)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in said and postgres.password not in said
+    assert said.startswith("plantstore: ") and re.search(rf"\b{column}\b", said) and problem in said.lower()
 
 
 # ---- The command line and the module's configuration ----
