@@ -270,7 +270,7 @@ GUNICORN = {"memory": "-w 1 --threads 8",
             "sqlite": "-w 2 --threads 4",
             "postgres": "-w 2 --threads 4"}
 GRANIAN = {"memory": "--workers 1 --blocking-threads 8 --runtime-mode st",
-           "sqlite": "--workers 2 --blocking-threads 2 --runtime-mode st",
+           "sqlite": "--workers 2 --blocking-threads 8 --runtime-mode st",
            "postgres": "--workers 2 --blocking-threads 8 --runtime-mode st"}
 STORE_NAMES = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
 
