@@ -591,9 +591,9 @@ class SQLStore(Store):
     requests answer 503 with Retry-After, and once it is back they succeed again, with no
     restart. The outage is logged once, and so is its end.
 
-    Creates are written by one thread per process, which takes every create waiting at that
-    moment: a batch shares one transaction and one flush to disk (group commit), where each
-    create alone would pay its own. There is no timer: a create that comes alone goes at once.
+    The creates that wait at one moment in a process share one transaction and one flush to
+    disk (group commit), where each create alone would pay its own: one of them writes them all.
+    There is no timer and no thread: a create that comes alone is written at once, by its own.
     """
 
     INSERT = ("INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
@@ -615,7 +615,8 @@ class SQLStore(Store):
         self._asking = threading.Lock()  # held by the one health question in flight
         self._answer = 0.0, True  # when the last health answer came, and whether it was yes
         self._pid, self._ready, self._away, self._busy = None, False, False, {}
-        self._queued, self._writing = threading.Condition(), None  # creates for the writer of _pid
+        self._queued, self._queue = threading.Condition(), collections.deque()  # waiting creates
+        self._writing = None  # (the process id) while a thread of that process writes a batch
 
     def open_at_start(self):
         """Make the tables now, so that a database plantstore cannot use stops the start. No
@@ -629,41 +630,47 @@ class SQLStore(Store):
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never overwrite.
-        Its batch's commit is waited for, within DB_WAIT_SECONDS: a 200 means committed."""
-        create = concurrent.futures.Future()  # the writer sets its result: created or not
+        The creates waiting at one moment share a commit: the first that finds no batch being
+        written writes every create queued then, its own among them, and the others wait for
+        its answer, or for their turn. A 200 means committed, within DB_WAIT_SECONDS."""
+        create = concurrent.futures.Future()  # its result: whether the plant was created
         create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
         create.size = len(create.plant[1]) + len(create.plant[2] or b"")
         create.deadline = time.monotonic() + DB_WAIT_SECONDS
         with self._queued:
-            if self._writing != os.getpid():  # the writer runs in the process that serves
-                self._writing, self._queue = os.getpid(), collections.deque()
-                threading.Thread(target=self._write_batches, name="plantstore-writer",
-                                 daemon=True).start()
+            if self._writing is not None and self._writing[0] != os.getpid():
+                self._writing = None  # a forked worker: no batch of its parent's is under way
             self._queue.append(create)
-            self._queued.notify()
-        try:
-            return create.result(timeout=max(0, create.deadline - time.monotonic()))
-        except concurrent.futures.TimeoutError:
-            create.cancel()  # left out of its batch, unless the batch took it: then it may be done
-            raise unavailable("the database") from None
-
-    def _write_batches(self):
-        """The writer: the creates queued at the moment, oldest first, up to the bounds."""
-        while True:
+        while not create.done():
             with self._queued:
-                self._queued.wait_for(lambda: self._queue)
-                batch = [self._queue.popleft()]  # one create at least, however large
-                size = batch[0].size
-                while self._queue and len(batch) < self.BATCH and (
-                        size + self._queue[0].size <= self.BATCH_BYTES):
-                    size += self._queue[0].size
-                    batch.append(self._queue.popleft())
-            batch = [create for create in batch if create.set_running_or_notify_cancel()]
-            if batch:
+                while self._writing and not create.done():  # another thread writes a batch
+                    if not self._queued.wait(create.deadline - time.monotonic()):
+                        create.cancel()  # left out of the next batch, unless one holds it
+                        raise unavailable("the database")
+                if create.done():
+                    break
+                self._writing, batch = (os.getpid(),), self._next_batch()
+            try:
                 self._write_batch(batch)
+            finally:
+                with self._queued:
+                    self._writing = None
+                    self._queued.notify_all()  # its creates are answered; another may write
+        return create.result()  # a failed batch raises its 503 here
+
+    def _next_batch(self):
+        """The creates queued now, oldest first, up to the bounds, and still waited for."""
+        batch, size = [], 0
+        while self._queue and len(batch) < self.BATCH and (
+                not batch or size + self._queue[0].size <= self.BATCH_BYTES):
+            size += self._queue[0].size
+            batch.append(self._queue.popleft())
+        return [create for create in batch if create.set_running_or_notify_cancel()]
 
     def _write_batch(self, batch):
         """Write one batch, the plants and their events, in one commit, and answer each create."""
+        if not batch:  # every create of it was given up
+            return
         def insert(run):
             created = self.insert(run, [create.plant for create in batch])
             for create, new in zip(batch, created, strict=True):
