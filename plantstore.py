@@ -46,6 +46,30 @@ from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs, quote
 
+# For the optional parts, below the banner "Optional parts": the core uses none of these.
+import argparse
+import collections
+import concurrent.futures
+import contextlib
+import difflib
+import fcntl
+import functools
+import hashlib
+import hmac
+import http.client
+import os
+import random
+import secrets
+import select
+import signal
+import socket
+import socketserver
+import sqlite3
+import time
+import weakref
+from urllib.parse import urlsplit
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
+
 if sys.version_info < (3, 11):  # one line, before anything that needs 3.11 fails with a traceback
     raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
         f"plantstore needs Python 3.11 or newer; this is Python {sys.version.split()[0]}")
@@ -183,7 +207,7 @@ def _json_number(text):
         raise HTTPError(400, "request body has a number too large to read") from None
 
 
-def _json_constant(name):
+def _json_constant(_name):
     """Refuse NaN, Infinity and -Infinity, which Python's json takes and RFC 8259 does not."""
     raise HTTPError(400, "request body is not valid JSON: NaN and Infinity are not JSON numbers")
 
@@ -335,18 +359,18 @@ class PlantStore(Store):
     def page(self, after, limit):
         """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
         with self._lock:
-            page = []
+            plants = []
             start = self._first if after is None else max(after + 1, self._first)
-            number, index = divmod(start, CHUNK)
-            while len(page) < limit and number < len(self._names):
+            number, first = divmod(start, CHUNK)  # the chunk, and the slot in it, to start from
+            while len(plants) < limit and number < len(self._names):
                 names, tags = self._names[number], self._tags[number]
-                for index in range(index, 0 if names is None else len(names)):
+                for index in range(first, 0 if names is None else len(names)):
                     if names[index] is not None:
-                        page.append((number * CHUNK + index, names[index], tags[index]))
-                        if len(page) == limit:
+                        plants.append((number * CHUNK + index, names[index], tags[index]))
+                        if len(plants) == limit:
                             break
-                number, index = number + 1, 0
-            return page
+                number, first = number + 1, 0
+            return plants
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -360,9 +384,9 @@ class PlantStore(Store):
             else:  # a full chunk, a tuple: made anew, or dropped when no plant is left in it
                 names, tags = list(self._names[number]), list(self._tags[number])
                 names[index] = tags[index] = None
-                full = names.count(None) < CHUNK
-                self._names[number] = tuple(names) if full else None
-                self._tags[number] = tuple(tags) if full else None
+                emptied = names.count(None) == CHUNK  # no plant left in it
+                self._names[number] = None if emptied else tuple(names)
+                self._tags[number] = None if emptied else tuple(tags)
             while self._first < self._next and not self._holds(self._first):
                 self._first += 1  # deleting the oldest leaves pages nothing to walk over
             return True
@@ -380,7 +404,8 @@ _quote = json.encoder.encode_basestring_ascii
 
 
 def plant_json(name, tag):
-    """The Plant shape: name, and tag only when the plant has one; never the id (spec rule 2)."""
+    """The Plant shape: name, and tag only when the plant has one; never the id, which the
+    specification's Plant does not have."""
     if tag is None:
         return f'{{"name": {_quote(name)}}}'.encode()
     return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode()
@@ -391,8 +416,9 @@ def error_json(status, message):
     return f'{{"error": {status}, "message": {_quote(message)}}}'.encode()
 
 
-def stream_plants(page, after, plants):
-    """Yield one JSON array of every plant after `after`, a page at a time, from the first page.
+def stream_plants(read_page, plants):
+    """Yield one JSON array of `plants`, a first page, and of every plant after them, reading
+    each next page with read_page(after, limit) only once the one before is sent.
 
     The 200 is sent before the second page is read: if the store fails then, the error goes up
     to the server, which cuts the answer short, so the client never takes it for a whole list.
@@ -402,7 +428,7 @@ def stream_plants(page, after, plants):
     while plants:
         yield comma + b", ".join([plant_json(name, tag) for _, name, tag in plants])
         comma = b", "
-        plants = page(plants[-1][0], PAGE_MAX) if len(plants) == PAGE_MAX else None
+        plants = read_page(plants[-1][0], PAGE_MAX) if len(plants) == PAGE_MAX else None
     yield b"]"
 
 
@@ -509,11 +535,11 @@ class Application:
 
     def list_plants(self, environ, _):
         limit, after = query_page(environ)
-        page = self.store.page
+        read_page = self.store.page
         if limit is None:  # every plant, a page at a time: memory does not grow with the store
-            return 200, stream_plants(page, after, page(after, PAGE_MAX)), []
+            return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), []
         size = min(limit, PAGE_MAX)
-        plants, headers = page(after, size + 1), []  # one more than answered: do more follow?
+        plants, headers = read_page(after, size + 1), []  # one more than answered: more?
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
@@ -522,41 +548,18 @@ class Application:
         body = b", ".join([plant_json(name, tag) for _, name, tag in plants])
         return 200, b"[" + body + b"]", headers
 
-    def delete_plant(self, environ, plant_id):
+    def delete_plant(self, _environ, plant_id):
         if not self.store.delete(url_integer(plant_id, "id")):
             raise HTTPError(404, "no plant has this 'id'")
         return 204, b"", []
 
-    def check_health(self, environ, _):
+    def check_health(self, _environ, _):
         """200 while the store answers a cheap question; its 503 when not. It names no database."""
         getattr(self.store, "ping", lambda: Store.ping(self.store))()
         return 200, b'{"status": "ok"}', []
 
 
 # ---- Optional parts: each section below plugs into the core above, which never names them ----
-
-import argparse
-import collections
-import concurrent.futures
-import contextlib
-import difflib
-import fcntl
-import functools
-import hashlib
-import hmac
-import http.client
-import os
-import random
-import secrets
-import select
-import signal
-import socket
-import socketserver
-import sqlite3
-import time
-import weakref
-from urllib.parse import urlsplit
-from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"  # the settings' names
 WEBHOOK_URL_VARIABLE = "PLANTSTORE_WEBHOOK_URL"
@@ -614,7 +617,7 @@ class SQLStore(Store):
         self._lock = threading.Lock()  # guards the pool, and the statements the watchdog sees
         self._asking = threading.Lock()  # held by the one health question in flight
         self._answer = 0.0, True  # when the last health answer came, and whether it was yes
-        self._pid, self._ready, self._away, self._busy = None, False, False, {}
+        self._pid, self._ready, self._outage_said, self._busy = None, False, False, {}
         self._queued, self._queue = threading.Condition(), collections.deque()  # waiting creates
         self._writing = None  # (the process id) while a thread of that process writes a batch
 
@@ -744,8 +747,8 @@ class SQLStore(Store):
                 # again on a new one; a write never is, since it may have been done.
                 if write or not reused or attempt == 2 or time.monotonic() - started > 1:
                     raise unavailable("the database") from None
-        if self._away:
-            self._away = False
+        if self._outage_said:
+            self._outage_said = False
             _log(f"the {self.shown} is reachable again")
         return result
 
@@ -796,7 +799,8 @@ class SQLStore(Store):
         self.check(db)
         return result
 
-    def execute(self, db, sql, parameters, deadline):
+    def execute(self, db, sql, parameters, _deadline):
+        """Run one statement; PostgresStore's watchdog cuts it at the deadline."""
         return db.execute(sql, parameters)
 
     def setup(self, execute):
@@ -808,7 +812,7 @@ class SQLStore(Store):
         if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
             raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not make")
 
-    def usable(self, db):
+    def usable(self, _db):
         """Whether a connection that served before may serve again."""
         return True
 
@@ -821,8 +825,8 @@ class SQLStore(Store):
 
     def _outage(self, error):
         """Say once per outage that the database is away."""
-        if not self._away:
-            self._away = True
+        if not self._outage_said:
+            self._outage_said = True
             _log(f"the {self.shown} is unavailable: {self.describe(error)}")
 
     def describe(self, error):
@@ -988,7 +992,7 @@ class PostgresStore(SQLStore):
     def insert(self, run, plants):
         if len(plants) == 1:
             return super().insert(run, plants)
-        ids, names, tags = map(list, zip(*plants))
+        ids, names, tags = map(list, zip(*plants, strict=True))
         created = collections.Counter(row[0] for row in run(self.INSERT_MANY, ids=ids,
                                                                names=names, tags=tags))
         return [created.pop(plant_id, 0) > 0 for plant_id in ids]  # an id once, to the first
@@ -1066,7 +1070,7 @@ def postgres_settings(conninfo):
                          "one for every host or one for all")
     ports = ports * len(hosts) if len(ports) == 1 else ports
     where = ",".join((f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
-                     for host, port in zip(hosts, ports))
+                     for host, port in zip(hosts, ports, strict=True))
     user = parameters.get("user", "") and f"{parameters['user']}@"
     return parameters, f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}"
 
@@ -1120,7 +1124,7 @@ class WebhookSender:
     RETRY = ("UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
              " WHERE seq = :seq")
     RELEASE = "UPDATE plant_events SET lease = 0 WHERE seq = :seq"
-    HURRY = "UPDATE plant_events SET next_at = :now WHERE url = :url AND next_at > :now"
+    DUE_NOW = "UPDATE plant_events SET next_at = :now WHERE url = :url AND next_at > :now"
     DONE = "DELETE FROM plant_events WHERE seq = :seq"
     FORGET = "DELETE FROM plant_events WHERE url = :url"
     WAITING = "SELECT url, count(*), sum(length(body)) FROM plant_events GROUP BY url"
@@ -1188,17 +1192,17 @@ class WebhookSender:
             run(self.EVENT, url=url, webhook_id=f"msg_{secrets.token_urlsafe(18)}", body=body)
 
     def _loop(self):
-        flying, opened = {}, False  # future: (event, whether it is a probe)
+        in_flight, started_over = {}, False  # future: (event, whether it is a probe)
         while not self._stop.is_set():
             try:
-                opened = opened or self._open()
-                self._claim(flying)
+                started_over = started_over or self._start_over()
+                self._claim(in_flight)
                 self._cut_late_attempts()
-                if flying:
-                    done, _ = concurrent.futures.wait(flying, self.POLL_SECONDS,
+                if in_flight:
+                    done, _ = concurrent.futures.wait(in_flight, self.POLL_SECONDS,
                                                       concurrent.futures.FIRST_COMPLETED)
                     for future in done:
-                        self._settle(*flying.pop(future), future.result())
+                        self._settle(*in_flight.pop(future), future.result())
                 else:  # until a create wakes it, or events of other workers may be due
                     self._wake.wait(self.POLL_SECONDS)
                     self._wake.clear()
@@ -1212,7 +1216,7 @@ class WebhookSender:
                      f"{traceback.format_exc()}")
                 self._stop.wait(RETRY_AFTER)
 
-    def _open(self):
+    def _start_over(self):
         """Drop the events of URLs no longer configured; try each other waiting event once."""
         for url, count, _ in self.outbox(self.WAITING):
             if url not in self.urls:
@@ -1220,14 +1224,14 @@ class WebhookSender:
                 _log(f"{count} waiting webhook events are dropped: their receiver "
                      f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}")
             else:
-                self.outbox(self.HURRY, now=time.time(), url=url)
+                self.outbox(self.DUE_NOW, now=time.time(), url=url)
         return True
 
-    def _claim(self, flying):
+    def _claim(self, in_flight):
         """Hand each URL's due events to the pool, up to PER_URL in flight for each."""
         now = time.time()
         for url in self.urls:
-            busy = sum(event[1] == url for event, _ in flying.values())
+            busy = sum(event[1] == url for event, _ in in_flight.values())
             probing = url in self._failing
             if probing and (busy or now - self._failing[url] < self.PROBE_SECONDS):
                 continue
@@ -1236,7 +1240,7 @@ class WebhookSender:
             free = 1 if probing else self.PER_URL - busy
             for event in self.outbox(self.CLAIM, lease=now + self.LEASE_SECONDS, now=now,
                                      url=url, due=now + probing * 1e9, free=free) if free else ():
-                flying[self._pool.submit(self._post, *event[1:4])] = event, probing
+                in_flight[self._pool.submit(self._post, *event[1:4])] = event, probing
 
     def _cut_late_attempts(self):
         """Close the connection of each attempt past its TIMEOUT: urllib's and http.client's
@@ -1280,7 +1284,7 @@ class WebhookSender:
         elif url not in self.urls or status and 200 <= status < 300:  # or its URL went meanwhile
             self.outbox(self.DONE, seq=seq)
             if self._failing.pop(url, None) is not None:  # through again: the others follow now
-                self.outbox(self.HURRY, now=now, url=url)
+                self.outbox(self.DUE_NOW, now=now, url=url)
         elif probe and status in (None, 502, 503, 504) and due > now:  # its schedule stays
             self.outbox(self.RELEASE, seq=seq)
         else:
@@ -1984,7 +1988,7 @@ def main(argv=None):
     return 0
 
 
-def _interrupt(signum, frame):
+def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 
 
