@@ -74,7 +74,7 @@ if sys.version_info < (3, 11):  # one line, before anything that needs 3.11 fail
     raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
         f"plantstore needs Python 3.11 or newer; this is Python {sys.version.split()[0]}")
 
-__version__ = "1.2.0"
+__version__ = "1.3.0"
 __all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add theirs
 
 MAX_BODY_BYTES = 65536  # the default limit of a request body; a larger one answers 413
