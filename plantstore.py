@@ -16,7 +16,8 @@ OpenAPI document, the embedded server, and the assembly from the environment.
 Three ways to run it:
 
     python plantstore.py [--host H] [--port P]       # the embedded server
-    gunicorn -w 1 --threads 8 plantstore:app          # production, behind nginx (deploy/)
+    gunicorn -w 1 --threads 8 plantstore:app          # production, behind nginx
+    (deploy/)
     make_app(tokens, store=..., max_body_bytes=...)   # inside another WSGI stack
 
 Settings come from the environment (``python plantstore.py --help`` lists them).
@@ -46,7 +47,8 @@ from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs, quote
 
-# For the optional parts, below the banner "Optional parts": the core uses none of these.
+# For the optional parts, below the banner "Optional parts": the core uses none of
+# these.
 import argparse
 import collections
 import concurrent.futures
@@ -70,9 +72,12 @@ import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
-if sys.version_info < (3, 11):  # one line, before anything that needs 3.11 fails with a traceback
+# one line, before anything that needs 3.11 fails with a traceback
+if sys.version_info < (3, 11):
     raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
-        f"plantstore needs Python 3.11 or newer; this is Python {sys.version.split()[0]}")
+        "plantstore needs Python 3.11 or newer; this is Python "
+        + sys.version.split()[0]
+    )
 
 __version__ = "1.3.0"
 __all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add theirs
@@ -80,17 +85,23 @@ __all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add t
 MAX_BODY_BYTES = 65536  # the default limit of a request body; a larger one answers 413
 MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-PAGE_MAX = 1000  # plants in one page; a listing without `limit` streams pages of this size
+# plants in one page; a listing without `limit` streams pages of this size
+PAGE_MAX = 1000
 CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Status lines made once: HTTPStatus(status) on every answer cost 5-10% of creates/s under granian.
-_STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
-_CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}  # RFC 9110, 15
+# Status lines made once: HTTPStatus(status) on every answer cost 5-10% of creates/s
+# under granian.
+_STATUS_LINES = {
+    status.value: f"{status.value} {status.phrase}" for status in HTTPStatus
+}
+# RFC 9110, 15
+_CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
 # ---- Errors: raised anywhere, rendered in one place (Application.__call__) ----
+
 
 class HTTPError(Exception):
     """An error answer: a status, a message for the Error body, extra headers."""
@@ -102,51 +113,78 @@ class HTTPError(Exception):
 
 def unavailable(what):
     """The 503 of a store whose database is away: the client may try again shortly."""
-    return HTTPError(503, f"{what} is unavailable; try again shortly",
-                     headers=[("Retry-After", str(RETRY_AFTER))])
+    return HTTPError(
+        503,
+        f"{what} is unavailable; try again shortly",
+        headers=[("Retry-After", str(RETRY_AFTER))],
+    )
 
 
 # ---- Reading a request, in the order the checks run ----
 
+
 def check_bearer(environ, tokens):
-    """Raise 401 unless Authorization is "Bearer <token>" (any case of Bearer), a known token."""
+    """Raise 401 unless Authorization is "Bearer <token>" (any case of Bearer), a known
+    token."""
     scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     token = token.strip()
     if not token or scheme.lower() != "bearer":
-        raise HTTPError(401, "a bearer token is required: send 'Authorization: Bearer <token>'",
-                        headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')])
+        raise HTTPError(
+            401,
+            "a bearer token is required: send 'Authorization: Bearer <token>'",
+            headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')],
+        )
     matched = False
-    if token.isascii():  # compare_digest takes ASCII strings only; no other one could match
-        for good in tokens:  # each one, in constant time: how long it takes tells nothing
+    # compare_digest takes ASCII strings only; no other one could match
+    if token.isascii():
+        # each one, in constant time: how long it takes tells nothing
+        for good in tokens:
             matched |= compare_digest(token, good)
     if not matched:
-        raise HTTPError(401, "the bearer token is not valid", headers=[
-            ("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')])
+        raise HTTPError(
+            401,
+            "the bearer token is not valid",
+            headers=[
+                ("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')
+            ],
+        )
 
 
 def read_body(environ, limit):
-    """Return the request body, refusing a wrong media type or an oversized body before reading."""
+    """Return the request body, refusing a wrong media type or an oversized body before
+    reading."""
     media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
-    if media_type != JSON_TYPE:  # compared whole: text/plain;application/json is not JSON
-        raise HTTPError(415, "Content-Type must be application/json",
-                        headers=[("Accept", JSON_TYPE)])
+    # compared whole: text/plain;application/json is not JSON
+    if media_type != JSON_TYPE:
+        raise HTTPError(
+            415,
+            "Content-Type must be application/json",
+            headers=[("Accept", JSON_TYPE)],
+        )
     length = environ.get("CONTENT_LENGTH") or None
     if length is not None:
-        if not (length.isdigit() and length.isascii()):  # int() also takes " 7", "+7", "7_0"
+        # int() also takes " 7", "+7", "7_0"
+        if not (length.isdigit() and length.isascii()):
             raise HTTPError(400, "Content-Length must be a non-negative integer")
-        length = int(length.lstrip("0")[:19] or "0")  # 19 digits are over any limit: no huge int
+        # 19 digits are over any limit: no huge int
+        length = int(length.lstrip("0")[:19] or "0")
         if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
     elif not environ.get("wsgi.input_terminated"):  # PEP 3333: no length, read nothing
-        if environ.get("HTTP_TRANSFER_ENCODING"):  # a chunked body this server does not frame
-            raise HTTPError(411, "send the body with a Content-Length: "
-                                 "this server cannot read a chunked body")
+        # a chunked body this server does not frame
+        if environ.get("HTTP_TRANSFER_ENCODING"):
+            raise HTTPError(
+                411,
+                "send the body with a Content-Length: "
+                "this server cannot read a chunked body",
+            )
         return b""
     try:  # a body of unknown length: one byte past the limit tells one that is over it
         body = environ["wsgi.input"].read(limit + 1 if length is None else length)
     except TimeoutError:  # the client stalled past the server's timeout
         raise HTTPError(408, "the request body did not arrive in time") from None
-    except Exception:  # the server's stream failed on the client's bytes: a bad chunk, a hang-up
+    # the server's stream failed on the client's bytes: a bad chunk, a hang-up
+    except Exception:
         raise HTTPError(400, "the request body could not be read") from None
     if length is None and len(body) > limit:
         raise HTTPError(413, f"request body is larger than {limit} bytes")
@@ -156,25 +194,34 @@ def read_body(environ, limit):
 
 
 def read_new_plant(body):
-    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then the NewPlant shape."""
+    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then the NewPlant
+    shape."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise HTTPError(400, "request body is not valid UTF-8") from None
     usual = _USUAL_NEWPLANT.fullmatch(text)
-    if usual:  # the same answer as the JSON decoder's, for 15% more creates/s under granian
+    # the same answer as the JSON decoder's, for 15% more creates/s under granian
+    if usual:
         plant_id, name, tag = usual.groups()
         return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
 
 
-# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag": "indoor"}, or the
-# same without spaces), with no escape and an id of 18 digits at most, has one meaning, which a
-# regular expression reads; any other body goes to the JSON decoder. Each quantifier is possessive
+# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag":
+# "indoor"}, or the
+# same without spaces), with no escape and an id of 18 digits at most, has one meaning,
+# which a
+# regular expression reads; any other body goes to the JSON decoder. Each quantifier is
+# possessive
 # (?+ *+, Python 3.11): nothing here needs to backtrack.
-_USUAL_NEWPLANT = re.compile(r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
-                             r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
-                             r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})')  # the end, or tag
+# id: an int64
+_USUAL_NEWPLANT = re.compile(
+    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'
+    r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
+    # the end, or tag
+    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'
+)
 
 
 def decode_json(text):
@@ -184,23 +231,29 @@ def decode_json(text):
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError as error:
-        raise HTTPError(400, f"request body is not valid JSON: {error.msg} "
-                             f"(line {error.lineno}, column {error.colno})") from None
+        raise HTTPError(
+            400,
+            f"request body is not valid JSON: {error.msg} "
+            f"(line {error.lineno}, column {error.colno})",
+        ) from None
     except RecursionError:
         raise HTTPError(400, "request body is nested too deeply") from None
-    except ValueError:  # int() refuses literals longer than sys.get_int_max_str_digits()
+    # int() refuses literals longer than sys.get_int_max_str_digits()
+    except ValueError:
         raise HTTPError(400, "request body has an integer too long to read") from None
 
 
 def _json_object(pairs):
-    """Build a JSON object, refusing duplicate keys (RFC 8259 leaves their meaning open)."""
+    """Build a JSON object, refusing duplicate keys (RFC 8259 leaves their meaning
+    open)."""
     if len(obj := dict(pairs)) != len(pairs):
         raise HTTPError(400, "request body has a duplicate key in an object")
     return obj
 
 
 def _json_number(text):
-    """Keep a number with a fraction or exponent exact: 9223372036854775807.0 is an integer."""
+    """Keep a number with a fraction or exponent exact: 9223372036854775807.0 is an
+    integer."""
     try:
         return Decimal(text)
     except ArithmeticError:  # an exponent beyond even Decimal's range
@@ -208,22 +261,33 @@ def _json_number(text):
 
 
 def _json_constant(_name):
-    """Refuse NaN, Infinity and -Infinity, which Python's json takes and RFC 8259 does not."""
-    raise HTTPError(400, "request body is not valid JSON: NaN and Infinity are not JSON numbers")
+    """Refuse NaN, Infinity and -Infinity, which Python's json takes and RFC 8259 does
+    not."""
+    raise HTTPError(
+        400, "request body is not valid JSON: NaN and Infinity are not JSON numbers"
+    )
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_json_object, parse_float=_json_number,
-                            parse_constant=_json_constant)
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_json_object,
+    parse_float=_json_number,
+    parse_constant=_json_constant,
+)
 
 
 def parse_new_plant(document):
-    """Return (id, name, tag) from a NewPlant, or raise a 400 naming the field and the rule."""
+    """Return (id, name, tag) from a NewPlant, or raise a 400 naming the field and the
+    rule."""
     if type(document) is not dict:
         raise HTTPError(400, "request body must be a JSON object (a NewPlant)")
     for field in "id", "name":
         if field not in document:
             raise HTTPError(400, f"'{field}' is required")
-    plant_id, name, tag = as_integer(document["id"], "id"), document["name"], document.get("tag")
+    plant_id, name, tag = (
+        as_integer(document["id"], "id"),
+        document["name"],
+        document.get("tag"),
+    )
     if type(name) is not str:
         raise HTTPError(400, "'name' must be a string")
     if "tag" in document and type(tag) is not str:
@@ -232,19 +296,23 @@ def parse_new_plant(document):
 
 
 def as_integer(value, name, low=INT64_MIN, high=INT64_MAX, kind="int64"):
-    """Return value as an int from low to high, JSON Schema's way: 7.0 is 7, true is no integer."""
+    """Return value as an int from low to high, JSON Schema's way: 7.0 is 7, true is no
+    integer."""
     if type(value) is not int:
         if not (type(value) is Decimal and value == value.to_integral_value()):
             raise HTTPError(400, f"'{name}' must be an integer")
         if low <= value <= high:  # compared first: 1e400 never becomes a huge int
             value = int(value)
     if not low <= value <= high:
-        raise HTTPError(400, f"'{name}' must be an integer from {low} to {high} ({kind})")
+        raise HTTPError(
+            400, f"'{name}' must be an integer from {low} to {high} ({kind})"
+        )
     return value
 
 
 def url_integer(text, name, *limits):
-    """Read an integer in the path or the query as a JSON number, as in a body: 7 and 7.0 alike."""
+    """Read an integer in the path or the query as a JSON number, as in a body: 7 and
+    7.0 alike."""
     try:
         value = Decimal(text) if _JSON_NUMBER.fullmatch(text) else None
     except ArithmeticError:  # an exponent beyond even Decimal's range
@@ -256,7 +324,8 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 
 
 def query_page(environ):
-    """Return `limit` (None, or an integer from 0 to INT32_MAX) and `after` (None, or a key)."""
+    """Return `limit` (None, or an integer from 0 to INT32_MAX) and `after` (None, or a
+    key)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     limit, after = query.get("limit"), query.get("after")
     for name, values in ("limit", limit), ("after", after):
@@ -266,14 +335,22 @@ def query_page(environ):
         limit = url_integer(limit[0], "limit", 0, INT32_MAX, "int32")
     if after is not None:
         if not _CURSOR.fullmatch(after[0]):
-            raise HTTPError(400, "'after' must be a cursor from a Link header of this service")
-        after = int.from_bytes(base64.urlsafe_b64decode(after[0] + "="), "big", signed=True)
+            raise HTTPError(
+                400, "'after' must be a cursor from a Link header of this service"
+            )
+        after = int.from_bytes(
+            base64.urlsafe_b64decode(after[0] + "="), "big", signed=True
+        )
     return limit, after
 
 
 def cursor(key):
     """The opaque `after` of a next link: the last plant's key, 8 bytes as base64url."""
-    return base64.urlsafe_b64encode(key.to_bytes(8, "big", signed=True)).rstrip(b"=").decode()
+    return (
+        base64.urlsafe_b64encode(key.to_bytes(8, "big", signed=True))
+        .rstrip(b"=")
+        .decode()
+    )
 
 
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
@@ -281,20 +358,27 @@ _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 
 # ---- The store interface, and the in-memory store ----
 
+
 class Store:
-    """What the application asks of a store. Any object with add, page and delete will do; ping
-    and list have defaults here. `tag` is None when a plant has none. A store whose database is
-    away raises HTTPError(503, ..., headers=[("Retry-After", ...)]): see unavailable()."""
+    """What the application asks of a store. Any object with add, page and delete will
+    do; ping
+    and list have defaults here. `tag` is None when a plant has none. A store whose
+    database is
+    away raises HTTPError(503, ..., headers=[("Retry-After", ...)]): see
+    unavailable()."""
 
     required = ("add", "page", "delete")
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        """Store the plant and return True, or return False if the id is taken; never
+        overwrite."""
         raise NotImplementedError
 
     def page(self, after, limit):
-        """Up to `limit` (key, name, tag) of the plants created after the one whose key is
-        `after` (None: from the oldest), oldest first; a key is an int64 that grows with them."""
+        """Up to `limit` (key, name, tag) of the plants created after the one whose key
+        is
+        `after` (None: from the oldest), oldest first; a key is an int64 that grows with
+        them."""
         raise NotImplementedError
 
     def delete(self, plant_id):
@@ -302,7 +386,8 @@ class Store:
         raise NotImplementedError
 
     def ping(self):
-        """The health check's question: raise HTTPError(503) if the store cannot answer."""
+        """The health check's question: raise HTTPError(503) if the store cannot
+        answer."""
         self.page(None, 1)
 
     def list(self, limit=None):
@@ -312,37 +397,50 @@ class Store:
 
 
 class PagesFromList(Store):
-    """A store that has list(limit) instead of page(): each page reads the whole list, and its
+    """A store that has list(limit) instead of page(): each page reads the whole list,
+    and its
     keys are positions, so a plant deleted between two pages shifts the next one."""
 
     def __init__(self, store):
         self.store = store
-        self.add, self.delete = getattr(store, "add", None), getattr(store, "delete", None)
+        self.add, self.delete = (
+            getattr(store, "add", None),
+            getattr(store, "delete", None),
+        )
 
     def page(self, after, limit):
-        start = max(after or 0, 0)  # the key is the position in the list; any cursor may come
-        plants = self.store.list(None)[start:start + limit]
+        # the key is the position in the list; any cursor may come
+        start = max(after or 0, 0)
+        plants = self.store.list(None)[start : start + limit]
         return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
 
 class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant gets a slot, numbered in creation order: its seq, the key of its page. Names and
-    tags sit in chunks of CHUNK slots, and a dict maps each id to its seq. A page starts at the
-    chunk and index its seq gives, so it costs what it holds however large the store is; a chunk
-    with no plant left is dropped whole. A full chunk becomes a tuple of strings, which the
-    garbage collector stops tracking, so no collection walks a store of millions of plants.
+    Each plant gets a slot, numbered in creation order: its seq, the key of its page.
+    Names and
+    tags sit in chunks of CHUNK slots, and a dict maps each id to its seq. A page starts
+    at the
+    chunk and index its seq gives, so it costs what it holds however large the store is;
+    a chunk
+    with no plant left is dropped whole. A full chunk becomes a tuple of strings, which
+    the
+    garbage collector stops tracking, so no collection walks a store of millions of
+    plants.
     """
 
     def __init__(self):
         self._seq = {}  # id: seq, for the plants that exist
-        self._names, self._tags = [[]], [[]]  # chunks: the last a list, tuples once full, or None
-        self._first = self._next = 0  # no plant has a seq below _first; the next one gets _next
+        # chunks: the last a list, tuples once full, or None
+        self._names, self._tags = [[]], [[]]
+        # no plant has a seq below _first; the next one gets _next
+        self._first = self._next = 0
         self._lock = threading.Lock()
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never overwrite."""
+        """Store the plant and return True, or return False if the id is taken; never
+        overwrite."""
         with self._lock:
             if plant_id in self._seq:
                 return False
@@ -350,23 +448,31 @@ class PlantStore(Store):
             self._names[-1].append(name)
             self._tags[-1].append(tag)
             self._next += 1
-            if self._next % CHUNK == 0:  # the last chunk is full: sealed, and a new one opened
-                self._names[-1], self._tags[-1] = tuple(self._names[-1]), tuple(self._tags[-1])
+            # the last chunk is full: sealed, and a new one opened
+            if self._next % CHUNK == 0:
+                self._names[-1], self._tags[-1] = (
+                    tuple(self._names[-1]),
+                    tuple(self._tags[-1]),
+                )
                 self._names.append([])
                 self._tags.append([])
             return True
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after the one with seq
+        `after`."""
         with self._lock:
             plants = []
             start = self._first if after is None else max(after + 1, self._first)
-            number, first = divmod(start, CHUNK)  # the chunk, and the slot in it, to start from
+            # the chunk, and the slot in it, to start from
+            number, first = divmod(start, CHUNK)
             while len(plants) < limit and number < len(self._names):
                 names, tags = self._names[number], self._tags[number]
                 for index in range(first, 0 if names is None else len(names)):
                     if names[index] is not None:
-                        plants.append((number * CHUNK + index, names[index], tags[index]))
+                        plants.append(
+                            (number * CHUNK + index, names[index], tags[index])
+                        )
                         if len(plants) == limit:
                             break
                 number, first = number + 1, 0
@@ -379,16 +485,19 @@ class PlantStore(Store):
             if seq is None:
                 return False
             number, index = divmod(seq, CHUNK)
-            if number == len(self._names) - 1:  # the open chunk, a list: changed in place
+            # the open chunk, a list: changed in place
+            if number == len(self._names) - 1:
                 self._names[number][index] = self._tags[number][index] = None
-            else:  # a full chunk, a tuple: made anew, or dropped when no plant is left in it
+            # a full chunk, a tuple: made anew, or dropped when no plant is left in it
+            else:
                 names, tags = list(self._names[number]), list(self._tags[number])
                 names[index] = tags[index] = None
                 emptied = names.count(None) == CHUNK  # no plant left in it
                 self._names[number] = None if emptied else tuple(names)
                 self._tags[number] = None if emptied else tuple(tags)
             while self._first < self._next and not self._holds(self._first):
-                self._first += 1  # deleting the oldest leaves pages nothing to walk over
+                # deleting the oldest leaves pages nothing to walk over
+                self._first += 1
             return True
 
     def _holds(self, seq):
@@ -398,13 +507,16 @@ class PlantStore(Store):
 
 # ---- Writing an answer ----
 
-# json's own C routine for one string, ASCII-escaped, so that a lone surrogate cannot break the
-# encoding: writing the two shapes around it is several times faster than json.dumps() of a dict.
+# json's own C routine for one string, ASCII-escaped, so that a lone surrogate cannot
+# break the
+# encoding: writing the two shapes around it is several times faster than json.dumps()
+# of a dict.
 _quote = json.encoder.encode_basestring_ascii
 
 
 def plant_json(name, tag):
-    """The Plant shape: name, and tag only when the plant has one; never the id, which the
+    """The Plant shape: name, and tag only when the plant has one; never the id, which
+    the
     specification's Plant does not have."""
     if tag is None:
         return f'{{"name": {_quote(name)}}}'.encode()
@@ -417,11 +529,14 @@ def error_json(status, message):
 
 
 def stream_plants(read_page, plants):
-    """Yield one JSON array of `plants`, a first page, and of every plant after them, reading
+    """Yield one JSON array of `plants`, a first page, and of every plant after them,
+    reading
     each next page with read_page(after, limit) only once the one before is sent.
 
-    The 200 is sent before the second page is read: if the store fails then, the error goes up
-    to the server, which cuts the answer short, so the client never takes it for a whole list.
+    The 200 is sent before the second page is read: if the store fails then, the error
+    goes up
+    to the server, which cuts the answer short, so the client never takes it for a whole
+    list.
     """
     yield b"["
     comma = b""
@@ -434,11 +549,15 @@ def stream_plants(read_page, plants):
 
 # ---- The WSGI application ----
 
-class Application:
-    """The Plant Store API as a WSGI application (PEP 3333), accepting the given bearer tokens.
 
-    `routes` maps each path to its methods' operations, declared by route(). `on_create(plant_id,
-    name, tag)`, when set, is called after each plant is created. The optional parts below add
+class Application:
+    """The Plant Store API as a WSGI application (PEP 3333), accepting the given bearer
+    tokens.
+
+    `routes` maps each path to its methods' operations, declared by route().
+    `on_create(plant_id,
+    name, tag)`, when set, is called after each plant is created. The optional parts
+    below add
     routes and wrap the application.
     """
 
@@ -447,21 +566,34 @@ class Application:
             raise TypeError("tokens must be a list of strings, not one string")
         self.tokens = list(tokens)
         if not self.tokens:
-            raise ValueError("tokens must not be empty: plantstore never runs without them")
-        if not all(isinstance(token, str) and token.isascii() and token.isprintable() and " "
-                   not in token and len(token) >= MIN_TOKEN_LENGTH for token in self.tokens):
-            raise ValueError(f"each token must be at least {MIN_TOKEN_LENGTH} characters of "
-                             "printable ASCII without spaces, or it can be guessed or mangled; "
-                             f"make one with {MAKE_A_TOKEN}")
+            raise ValueError(
+                "tokens must not be empty: plantstore never runs without them"
+            )
+        if not all(
+            isinstance(token, str)
+            and token.isascii()
+            and token.isprintable()
+            and " " not in token
+            and len(token) >= MIN_TOKEN_LENGTH
+            for token in self.tokens
+        ):
+            raise ValueError(
+                f"each token must be at least {MIN_TOKEN_LENGTH} characters of "
+                "printable ASCII without spaces, or it can be guessed or mangled; "
+                f"make one with {MAKE_A_TOKEN}"
+            )
         if type(max_body_bytes) is not int or max_body_bytes < 0:
             raise ValueError("max_body_bytes must be a non-negative integer")
         store = PlantStore() if store is None else store
-        if not hasattr(store, "page") and hasattr(store, "list"):  # the interface before page()
+        # the interface before page()
+        if not hasattr(store, "page") and hasattr(store, "list"):
             store = PagesFromList(store)
         self.store = store
         for method in Store.required:
             if not callable(getattr(self.store, method, None)):
-                raise TypeError(f"the store has no {method}() method: see plantstore.Store")
+                raise TypeError(
+                    f"the store has no {method}() method: see plantstore.Store"
+                )
         self.max_body_bytes, self.on_create, self.routes = max_body_bytes, None, {}
         self.route("GET", "/plants", self.list_plants, "listPlants")
         self.route("POST", "/plants", self.add_plant, "addPlant")
@@ -469,20 +601,25 @@ class Application:
         self.route("GET", "/health", self.check_health, "checkHealth", token=False)
 
     def route(self, method, path, handler, operation_id, *, token=True):
-        """Declare an operation once: routing, Allow, HEAD and the served document follow. A
-        handler takes the environ and the {id} of /plants/{id} (None elsewhere) and returns
-        (status, body, headers), or raises HTTPError; operation_id names it in OpenAPI."""
+        """Declare an operation once: routing, Allow, HEAD and the served document
+        follow. A
+        handler takes the environ and the {id} of /plants/{id} (None elsewhere) and
+        returns
+        (status, body, headers), or raises HTTPError; operation_id names it in
+        OpenAPI."""
         self.routes.setdefault(path, {})[method] = handler, operation_id, token
 
     def __call__(self, environ, start_response):
-        """Answer one request: JSON (a 204: nothing), HEAD without its body; no exception escapes
+        """Answer one request: JSON (a 204: nothing), HEAD without its body; no
+        exception escapes
         but a streamed listing's own, once its 200 is sent (see stream_plants)."""
         try:
             try:
                 status, body, headers = self.respond(environ)
             except HTTPError as error:
                 if type(error.status) is not int or not 200 <= error.status <= 599:
-                    raise  # 1xx is no final answer, and 600 no status at all: a 500, logged
+                    # 1xx is no final answer, and 600 no status at all: a 500, logged
+                    raise
                 status, headers = error.status, error.headers
                 body = error_json(status, error.message)
         except Exception:
@@ -491,13 +628,21 @@ class Application:
         if status in (204, 304):  # answers that never have a body
             headers, body = list(headers), []
         elif type(body) is bytes:
-            headers = [("Content-Type", JSON_TYPE), ("Content-Length", str(len(body))), *headers]
+            headers = [
+                ("Content-Type", JSON_TYPE),
+                ("Content-Length", str(len(body))),
+                *headers,
+            ]
             body = [body]
         else:  # a streamed listing: its length is not known before its end
             headers = [("Content-Type", JSON_TYPE), *headers]
-        start_response(_STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers)
-        if environ["REQUEST_METHOD"] == "HEAD":  # the headers GET would have, and no body
-            getattr(body, "close", lambda: None)()  # a stream read its first page, no more
+        start_response(
+            _STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers
+        )
+        # the headers GET would have, and no body
+        if environ["REQUEST_METHOD"] == "HEAD":
+            # a stream read its first page, no more
+            getattr(body, "close", lambda: None)()
             return []
         return body
 
@@ -515,11 +660,15 @@ class Application:
             allowed = {*methods, "OPTIONS", *(["HEAD"] if "GET" in methods else [])}
             allow = ", ".join(sorted(allowed))
             if method != "OPTIONS":
-                raise HTTPError(405, f"method not allowed here; allowed: {allow}",
-                                headers=[("Allow", allow)])
+                raise HTTPError(
+                    405,
+                    f"method not allowed here; allowed: {allow}",
+                    headers=[("Allow", allow)],
+                )
             if plant_id is not None:
                 url_integer(plant_id, "id")  # /plants/abc is no plant's path
-            return 204, b"", [("Allow", allow)]  # no token: a browser's preflight has none
+            # no token: a browser's preflight has none
+            return 204, b"", [("Allow", allow)]
         handler, _, token = operation
         if token:
             check_bearer(environ, self.tokens)
@@ -536,15 +685,19 @@ class Application:
     def list_plants(self, environ, _):
         limit, after = query_page(environ)
         read_page = self.store.page
-        if limit is None:  # every plant, a page at a time: memory does not grow with the store
+        # every plant, a page at a time: memory does not grow with the store
+        if limit is None:
             return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), []
         size = min(limit, PAGE_MAX)
-        plants, headers = read_page(after, size + 1), []  # one more than answered: more?
+        # one more than answered: more?
+        plants, headers = read_page(after, size + 1), []
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
                 link = f"{quote(environ.get('SCRIPT_NAME', ''))}/plants?limit={limit}"
-                headers = [("Link", f'<{link}&after={cursor(plants[-1][0])}>; rel="next"')]
+                headers = [
+                    ("Link", f'<{link}&after={cursor(plants[-1][0])}>; rel="next"')
+                ]
         body = b", ".join([plant_json(name, tag) for _, name, tag in plants])
         return 200, b"[" + body + b"]", headers
 
@@ -554,26 +707,39 @@ class Application:
         return 204, b"", []
 
     def check_health(self, _environ, _):
-        """200 while the store answers a cheap question; its 503 when not. It names no database."""
+        """200 while the store answers a cheap question; its 503 when not. It names no
+        database."""
         getattr(self.store, "ping", lambda: Store.ping(self.store))()
         return 200, b'{"status": "ok"}', []
 
 
-# ---- Optional parts: each section below plugs into the core above, which never names them ----
+# ---- Optional parts: each section below plugs into the core above, which never names
+# them
 
-TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"  # the settings' names
+# the settings' names
+TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
 WEBHOOK_URL_VARIABLE = "PLANTSTORE_WEBHOOK_URL"
 WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_SECRET"
 CORS_VARIABLE = "PLANTSTORE_CORS_ORIGINS"
-DB_FORMS = ("a postgresql:// URL, a libpq string (host=... dbname=...), "
-            "or an SQLite file's path (or sqlite:///path)")
+DB_FORMS = (
+    "a postgresql:// URL, a libpq string (host=... dbname=...), "
+    "or an SQLite file's path (or sqlite:///path)"
+)
 DB_WAIT_SECONDS = 5  # the longest a request waits on its database; past it, a 503
-HEALTH_WAIT_SECONDS = 2  # the longest GET /health waits: within a load balancer's own timeout
+# the longest GET /health waits: within a load balancer's own timeout
+HEALTH_WAIT_SECONDS = 2
 CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_SECONDS
 
 
-__all__ += ["OPENAPI", "PostgresStore", "SQLStore", "SQLiteStore", "make_app", "make_server",
-            "main"]  # not `app`: it is built from the environment on first use
+__all__ += [
+    "OPENAPI",
+    "PostgresStore",
+    "SQLStore",
+    "SQLiteStore",
+    "make_app",
+    "make_server",
+    "main",
+]  # not `app`: it is built from the environment on first use
 
 
 def _log(message):
@@ -583,72 +749,104 @@ def _log(message):
 
 # ---- The SQL stores: SQLite and PostgreSQL, one class ----
 
+
 class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
-    One class over two DB-API drivers, as peewee does it: the SQL is written once, with named
-    parameters, and each engine's differences (connecting, its DDL, its placeholders, the errors
-    that mean "the database is away") are the few lines of its subclass. Each process holds at
-    most POOL_SIZE connections, whatever the number of its threads or clients; a connection is
-    made when none is free and dropped on its first error. While the database cannot be reached,
-    requests answer 503 with Retry-After, and once it is back they succeed again, with no
+    One class over two DB-API drivers, as peewee does it: the SQL is written once, with
+    named
+    parameters, and each engine's differences (connecting, its DDL, its placeholders,
+    the errors
+    that mean "the database is away") are the few lines of its subclass. Each process
+    holds at
+    most POOL_SIZE connections, whatever the number of its threads or clients; a
+    connection is
+    made when none is free and dropped on its first error. While the database cannot be
+    reached,
+    requests answer 503 with Retry-After, and once it is back they succeed again, with
+    no
     restart. The outage is logged once, and so is its end.
 
-    The creates that wait at one moment in a process share one transaction and one flush to
-    disk (group commit), where each create alone would pay its own: one of them writes them all.
-    There is no timer and no thread: a create that comes alone is written at once, by its own.
+    The creates that wait at one moment in a process share one transaction and one flush
+    to
+    disk (group commit), where each create alone would pay its own: one of them writes
+    them all.
+    There is no timer and no thread: a create that comes alone is written at once, by
+    its own.
     """
 
-    INSERT = ("INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
-              " ON CONFLICT (id) DO NOTHING RETURNING seq")
-    PAGE = "SELECT seq, name, tag FROM plants WHERE seq > :after ORDER BY seq LIMIT :limit"
+    INSERT = (
+        "INSERT INTO plants (id, name, tag) VALUES (:id, :name, :tag)"
+        " ON CONFLICT (id) DO NOTHING RETURNING seq"
+    )
+    PAGE = (
+        "SELECT seq, name, tag FROM plants WHERE seq > :after ORDER BY seq LIMIT :limit"
+    )
     DELETE = "DELETE FROM plants WHERE id = :id RETURNING seq"
     BEGIN = "BEGIN"
-    POOL_SIZE = 8  # connections a process holds at most; a request waits for one, within its bound
-    BATCH, BATCH_BYTES = 64, 2**20  # the most creates, and bytes of names and tags, in one commit
+    # connections a process holds at most; a request waits for one, within its bound
+    POOL_SIZE = 8
+    # the most creates, and bytes of names and tags, in one commit
+    BATCH, BATCH_BYTES = 64, 2**20
     ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
     unavailable = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
-        self.on_create = None  # on_create(run, plant_id, name, tag): in the plant's transaction
-        self._write_lock = contextlib.nullcontext()  # an engine that queues writers sets a lock
-        self._lock = threading.Lock()  # guards the pool, and the statements the watchdog sees
+        # on_create(run, plant_id, name, tag): in the plant's transaction
+        self.on_create = None
+        # an engine that queues writers sets a lock
+        self._write_lock = contextlib.nullcontext()
+        # guards the pool, and the statements the watchdog sees
+        self._lock = threading.Lock()
         self._asking = threading.Lock()  # held by the one health question in flight
-        self._answer = 0.0, True  # when the last health answer came, and whether it was yes
+        # when the last health answer came, and whether it was yes
+        self._answer = 0.0, True
         self._pid, self._ready, self._outage_said, self._busy = None, False, False, {}
-        self._queued, self._queue = threading.Condition(), collections.deque()  # waiting creates
-        self._writing = None  # (the process id) while a thread of that process writes a batch
+        # waiting creates
+        self._queued, self._queue = threading.Condition(), collections.deque()
+        # (the process id) while a thread of that process writes a batch
+        self._writing = None
 
     def open_at_start(self):
-        """Make the tables now, so that a database plantstore cannot use stops the start. No
-        connection is kept: a server may fork next, and a connection must not follow a fork."""
+        """Make the tables now, so that a database plantstore cannot use stops the
+        start. No
+        connection is kept: a server may fork next, and a connection must not follow a
+        fork."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            self.setup(db.execute)  # no watchdog here: it would be a thread in a server's master
+            # no watchdog here: it would be a thread in a server's master
+            self.setup(db.execute)
             self._ready = True
         finally:
             self._close(db)
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never overwrite.
-        The creates waiting at one moment share a commit: the first that finds no batch being
-        written writes every create queued then, its own among them, and the others wait for
+        """Store the plant and return True, or return False if the id is taken; never
+        overwrite.
+        The creates waiting at one moment share a commit: the first that finds no batch
+        being
+        written writes every create queued then, its own among them, and the others wait
+        for
         its answer, or for their turn. A 200 means committed, within DB_WAIT_SECONDS."""
-        create = concurrent.futures.Future()  # its result: whether the plant was created
+        # its result: whether the plant was created
+        create = concurrent.futures.Future()
         create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
         create.size = len(create.plant[1]) + len(create.plant[2] or b"")
         create.deadline = time.monotonic() + DB_WAIT_SECONDS
         with self._queued:
             if self._writing is not None and self._writing[0] != os.getpid():
-                self._writing = None  # a forked worker: no batch of its parent's is under way
+                # a forked worker: no batch of its parent's is under way
+                self._writing = None
             self._queue.append(create)
         while not create.done():
             with self._queued:
-                while self._writing and not create.done():  # another thread writes a batch
+                # another thread writes a batch
+                while self._writing and not create.done():
                     if not self._queued.wait(create.deadline - time.monotonic()):
-                        create.cancel()  # left out of the next batch, unless one holds it
+                        # left out of the next batch, unless one holds it
+                        create.cancel()
                         raise unavailable("the database")
                 if create.done():
                     break
@@ -658,49 +856,71 @@ class SQLStore(Store):
             finally:
                 with self._queued:
                     self._writing = None
-                    self._queued.notify_all()  # its creates are answered; another may write
+                    # its creates are answered; another may write
+                    self._queued.notify_all()
         return create.result()  # a failed batch raises its 503 here
 
     def _next_batch(self):
-        """The creates queued now, oldest first, up to the bounds, and still waited for."""
+        """The creates queued now, oldest first, up to the bounds, and still waited
+        for."""
         batch, size = [], 0
-        while self._queue and len(batch) < self.BATCH and (
-                not batch or size + self._queue[0].size <= self.BATCH_BYTES):
+        while (
+            self._queue
+            and len(batch) < self.BATCH
+            and (not batch or size + self._queue[0].size <= self.BATCH_BYTES)
+        ):
             size += self._queue[0].size
             batch.append(self._queue.popleft())
         return [create for create in batch if create.set_running_or_notify_cancel()]
 
     def _write_batch(self, batch):
-        """Write one batch, the plants and their events, in one commit, and answer each create."""
+        """Write one batch, the plants and their events, in one commit, and answer each
+        create."""
         if not batch:  # every create of it was given up
             return
+
         def insert(run):
             created = self.insert(run, [create.plant for create in batch])
             for create, new in zip(batch, created, strict=True):
                 if new and self.on_create:
                     plant_id, name, tag = create.plant
-                    self.on_create(run, plant_id, _text(name), None if tag is None else _text(tag))
+                    self.on_create(
+                        run, plant_id, _text(name), None if tag is None else _text(tag)
+                    )
             return created
-        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement, atomic itself
+
+        # else one statement, atomic itself
+        several = len(batch) > 1 and not self.ONE_STATEMENT
         wait = min(create.deadline for create in batch) - time.monotonic()
         try:
-            created = self.session(insert, write=True, wait=wait,
-                                   transaction=bool(self.on_create) or several)
+            created = self.session(
+                insert,
+                write=True,
+                wait=wait,
+                transaction=bool(self.on_create) or several,
+            )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
-                create.set_exception(unavailable("the database")
-                                     if isinstance(error, HTTPError) else error)
+                create.set_exception(
+                    unavailable("the database")
+                    if isinstance(error, HTTPError)
+                    else error
+                )
         else:
             for create, new in zip(batch, created, strict=True):
                 create.set_result(new)
 
     def insert(self, run, plants):
-        """Insert (id, name, tag) rows in order; whether each was created (the first id wins)."""
-        return [bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
-                for plant_id, name, tag in plants]
+        """Insert (id, name, tag) rows in order; whether each was created (the first id
+        wins)."""
+        return [
+            bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
+            for plant_id, name, tag in plants
+        ]
 
     def ping(self):
-        """The health check's question, one in flight per process at most: the checks that come
+        """The health check's question, one in flight per process at most: the checks
+        that come
         while it is asked share its answer. None waits past HEALTH_WAIT_SECONDS."""
         arrived = time.monotonic()
         if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
@@ -718,9 +938,13 @@ class SQLStore(Store):
             self._asking.release()
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after the one with seq `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after the one with seq
+        `after`."""
         rows = self.run(self.PAGE, after=after or 0, limit=limit)
-        return [(seq, _text(name), None if tag is None else _text(tag)) for seq, name, tag in rows]
+        return [
+            (seq, _text(name), None if tag is None else _text(tag))
+            for seq, name, tag in rows
+        ]
 
     def delete(self, plant_id):
         """Remove the plant and return True, or return False if there was none."""
@@ -728,11 +952,15 @@ class SQLStore(Store):
 
     def run(self, sql, **parameters):
         """Run one statement and return its rows; a write unless it is a SELECT."""
-        return self.session(lambda run: run(sql, **parameters), write=not sql.startswith("SELECT"))
+        return self.session(
+            lambda run: run(sql, **parameters), write=not sql.startswith("SELECT")
+        )
 
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
-        """Return work(run) on a connection of this process, in one transaction if asked, where
-        run(sql, **parameters) runs one statement and returns its rows. All of it, connecting
+        """Return work(run) on a connection of this process, in one transaction if
+        asked, where
+        run(sql, **parameters) runs one statement and returns its rows. All of it,
+        connecting
         included, ends within `wait` seconds; the database away, or too slow: 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
@@ -743,9 +971,15 @@ class SQLStore(Store):
                 break
             except self.unavailable as error:
                 self._outage(error)
-                # A read that failed at once on a connection made before an outage is tried
+                # A read that failed at once on a connection made before an outage is
+                # tried
                 # again on a new one; a write never is, since it may have been done.
-                if write or not reused or attempt == 2 or time.monotonic() - started > 1:
+                if (
+                    write
+                    or not reused
+                    or attempt == 2
+                    or time.monotonic() - started > 1
+                ):
                     raise unavailable("the database") from None
         if self._outage_said:
             self._outage_said = False
@@ -754,9 +988,11 @@ class SQLStore(Store):
 
     @contextlib.contextmanager
     def _connection(self, deadline):
-        """A connection of this process's pool, and whether it served before; dropped on error."""
+        """A connection of this process's pool, and whether it served before; dropped on
+        error."""
         with self._lock:
-            if self._pid != os.getpid():  # a forked worker never uses its parent's connections
+            # a forked worker never uses its parent's connections
+            if self._pid != os.getpid():
                 self._idle, self._slots = [], threading.Semaphore(self.POOL_SIZE)
                 self._busy, self._pid = {}, os.getpid()
         if not self._slots.acquire(timeout=max(0, deadline - time.monotonic())):
@@ -769,7 +1005,8 @@ class SQLStore(Store):
                 self._close(db)
                 db = None
             reused, db = db is not None, db or self.connect(deadline)
-            if not self._ready:  # the database was away at start: its tables may not exist
+            # the database was away at start: its tables may not exist
+            if not self._ready:
                 self.setup(lambda sql: self.execute(db, sql, {}, deadline))
                 self._ready = True
             yield db, reused
@@ -784,7 +1021,9 @@ class SQLStore(Store):
     def _work(self, db, work, transaction, deadline):
         def run(sql, **parameters):
             rows = self.execute(db, sql, parameters, deadline)
-            return rows.fetchall() if rows.description else []  # all: the statement is done
+            # all: the statement is done
+            return rows.fetchall() if rows.description else []
+
         if not transaction:
             result = work(run)
         else:
@@ -804,13 +1043,16 @@ class SQLStore(Store):
         return db.execute(sql, parameters)
 
     def setup(self, execute):
-        """Make the tables unless they exist; refuse a 'plants' table plantstore did not make.
+        """Make the tables unless they exist; refuse a 'plants' table plantstore did not
+        make.
         execute(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
             execute(statement)
         rows = execute("SELECT * FROM plants LIMIT 0")
         if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
-            raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not make")
+            raise ValueError(
+                f"the {self.shown} has a 'plants' table that plantstore did not make"
+            )
 
     def usable(self, _db):
         """Whether a connection that served before may serve again."""
@@ -834,16 +1076,24 @@ class SQLStore(Store):
 
 
 class SQLiteStore(SQLStore):
-    """Plants in an SQLite file on this machine, shared by the worker processes that open it."""
+    """Plants in an SQLite file on this machine, shared by the worker processes that
+    open it."""
 
-    EVENTS = ("CREATE TABLE IF NOT EXISTS plant_events (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-              " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BLOB NOT NULL,"
-              " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
-              " lease REAL NOT NULL DEFAULT 0)")
-    schema = ("PRAGMA journal_mode=WAL",  # readers and a writer at once; kept in the file
-              "CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-              " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
-              EVENTS, "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)")
+    EVENTS = (
+        "CREATE TABLE IF NOT EXISTS plant_events"
+        " (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BLOB NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
+        " lease REAL NOT NULL DEFAULT 0)"
+    )
+    # readers and a writer at once; kept in the file
+    schema = (
+        "PRAGMA journal_mode=WAL",
+        "CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
+        EVENTS,
+        "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
+    )
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
     unavailable = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
 
@@ -852,25 +1102,40 @@ class SQLiteStore(SQLStore):
         super().__init__(f"SQLite file {self.path}")
         folder = os.path.dirname(self.path)
         if not os.path.isdir(folder):
-            raise ValueError(f"{folder}: no such directory, so {self.path} cannot be created")
-        if not os.access(folder, os.W_OK | os.X_OK):  # SQLite writes its journal beside the file
-            raise ValueError(f"{folder}: this user cannot write in this directory, "
-                             f"which {self.path} needs")
+            raise ValueError(
+                f"{folder}: no such directory, so {self.path} cannot be created"
+            )
+        # SQLite writes its journal beside the file
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"{folder}: this user cannot write in this directory, "
+                f"which {self.path} needs"
+            )
         self._write_lock = _WriteQueue(self.path + "-writers")
         try:  # made for its owner alone (and so are -wal and -shm, which take its mode)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
             with self._write_lock:  # workers that start together make it one at a time
                 self.open_at_start()
         except (sqlite3.Error, OSError) as error:
-            raise ValueError(f"{self.path} cannot be opened as a plantstore database: "
-                             f"{self.describe(error)}") from None
+            raise ValueError(
+                f"{self.path} cannot be opened as a plantstore database: "
+                f"{self.describe(error)}"
+            ) from None
 
     def connect(self, deadline):
-        """A connection to the file, which must exist: a deleted one is not made anew."""
-        db = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, factory=_SQLite,
-                             timeout=max(0, deadline - time.monotonic()), check_same_thread=False,
-                             isolation_level=None)  # autocommit, but for BEGIN ... COMMIT
-        db.execute("PRAGMA synchronous=FULL")  # each commit reaches the disk before the 200
+        """A connection to the file, which must exist: a deleted one is not made
+        anew."""
+        db = sqlite3.connect(
+            f"file:{quote(self.path)}?mode=rw",
+            uri=True,
+            factory=_SQLite,
+            timeout=max(0, deadline - time.monotonic()),
+            check_same_thread=False,
+            # autocommit, but for BEGIN ... COMMIT
+            isolation_level=None,
+        )
+        # each commit reaches the disk before the 200
+        db.execute("PRAGMA synchronous=FULL")
         db.file = self._identity()
         return db
 
@@ -881,9 +1146,12 @@ class SQLiteStore(SQLStore):
         return None
 
     def check(self, db):
-        # A file deleted or replaced under a running service: what was written, no one will read.
+        # A file deleted or replaced under a running service: what was written, no one
+        # will read.
         if self._identity() != db.file:
-            raise sqlite3.OperationalError(f"{self.path} was deleted or replaced while in use")
+            raise sqlite3.OperationalError(
+                f"{self.path} was deleted or replaced while in use"
+            )
 
 
 class _SQLite(sqlite3.Connection):
@@ -891,20 +1159,29 @@ class _SQLite(sqlite3.Connection):
 
 
 class _WriteQueue:
-    """Writers of every process take turns here, woken as soon as the one before them is done.
+    """Writers of every process take turns here, woken as soon as the one before them is
+    done.
 
-    SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a writer could
-    wait far longer than the others. A lock per process, then an flock(2) on a file beside the
+    SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a
+    writer could
+    wait far longer than the others. A lock per process, then an flock(2) on a file
+    beside the
     database, queue them instead.
     """
 
     def __init__(self, path):
-        self.path, self._thread_lock, self._fd, self._pid = path, threading.Lock(), None, None
+        self.path, self._thread_lock, self._fd, self._pid = (
+            path,
+            threading.Lock(),
+            None,
+            None,
+        )
 
     def __enter__(self):
         self._thread_lock.acquire()
         try:
-            if self._pid != os.getpid():  # opened in each process: a forked worker has its own
+            # opened in each process: a forked worker has its own
+            if self._pid != os.getpid():
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
                 self._pid = os.getpid()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -918,113 +1195,166 @@ class _WriteQueue:
 
 
 class PostgresStore(SQLStore):
-    """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares them.
+    """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares
+    them.
 
     No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
-    keepalives notice a silent host, and a watchdog shuts the connection of a statement still
-    running at its request's deadline (a commit held by a synchronous standby that is gone, say).
-    That request answers 503, even if PostgreSQL went on to commit it: retried, the create
+    keepalives notice a silent host, and a watchdog shuts the connection of a statement
+    still
+    running at its request's deadline (a commit held by a synchronous standby that is
+    gone, say).
+    That request answers 503, even if PostgreSQL went on to commit it: retried, the
+    create
     answers 200 or 409.
     """
 
-    EVENTS = ("CREATE TABLE IF NOT EXISTS plant_events (seq BIGINT GENERATED ALWAYS AS IDENTITY"
-              " PRIMARY KEY, url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
-              " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
-              " lease DOUBLE PRECISION NOT NULL DEFAULT 0)")
-    # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races in
-    # PostgreSQL, so they make the tables one at a time, under a lock. It also asks for CREATE
-    # on the schema even when the table exists: a role given the tables must not try to make them.
-    schema = ("BEGIN", "SELECT pg_advisory_xact_lock(7274)",
-              "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
-              " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
-              " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
-              f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
-              " END IF; END $$",
-              "COMMIT")
-    # libpq's settings unless the URL gives its own: a host that goes silent fails in seconds.
-    BOUNDS = {"connect_timeout": CONNECT_SECONDS, "keepalives": 1, "keepalives_idle": 2,
-              "keepalives_interval": 1, "keepalives_count": 2,
-              "tcp_user_timeout": DB_WAIT_SECONDS * 1000}
+    EVENTS = (
+        "CREATE TABLE IF NOT EXISTS plant_events"
+        " (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
+        " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
+    )
+    # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
+    # in
+    # PostgreSQL, so they make the tables one at a time, under a lock. It also asks for
+    # CREATE
+    # on the schema even when the table exists: a role given the tables must not try to
+    # make them.
+    schema = (
+        "BEGIN",
+        "SELECT pg_advisory_xact_lock(7274)",
+        "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
+        " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
+        " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
+        f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
+        " END IF; END $$",
+        "COMMIT",
+    )
+    # libpq's settings unless the URL gives its own: a host that goes silent fails in
+    # seconds.
+    BOUNDS = {
+        "connect_timeout": CONNECT_SECONDS,
+        "keepalives": 1,
+        "keepalives_idle": 2,
+        "keepalives_interval": 1,
+        "keepalives_count": 2,
+        "tcp_user_timeout": DB_WAIT_SECONDS * 1000,
+    }
 
     def __init__(self, conninfo):
         self.parameters, shown = postgres_settings(conninfo)
-        import psycopg  # the one dependency outside the standard library, for this store alone
+        # the one dependency outside the standard library, for this store alone
+        import psycopg
+
         self._psycopg, self._watching = psycopg, None
         super().__init__(shown)
         self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
         try:
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
-            raise ValueError(f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
-                             "role needs CREATE on the schema to make plantstore's tables or, "
-                             "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
-                             "them") from None
-        except psycopg.Error as error:  # libpq checks its options' values before it connects
-            option = (re.search(r'option "(\w+)"', str(error))  # libpq's for a number
-                      or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error)))
+            raise ValueError(
+                f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
+                "role needs CREATE on the schema to make plantstore's tables or, "
+                "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
+                "them"
+            ) from None
+        # libpq checks its options' values before it connects
+        except psycopg.Error as error:
+            option = (
+                re.search(r'option "(\w+)"', str(error))  # libpq's for a number
+                or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error))
+            )
             if option:  # named, never quoted: the value may be a password's neighbour
-                raise ValueError(f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
-                                 f"option {next(filter(None, option.groups()))}") from None
+                raise ValueError(
+                    f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
+                    f"option {next(filter(None, option.groups()))}"
+                ) from None
             if not isinstance(error, self.unavailable):
                 raise
             # The database is away at start: waited for, as any outage is.
 
-    # What plantstore's own tables hold (pgloader or psql may make others): seq and id are
+    # What plantstore's own tables hold (pgloader or psql may make others): seq and id
+    # are
     # unique and never NULL, and so a name is never NULL.
-    COLUMNS = ("SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
-               " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
-               " FROM pg_attribute"
-               " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')")
-    # A table filled with its seq values (a move with pgloader, a restore by hand) leaves its
+    COLUMNS = (
+        "SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
+        " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
+        " FROM pg_attribute"
+        " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')"
+    )
+    # A table filled with its seq values (a move with pgloader, a restore by hand)
+    # leaves its
     # identity behind them, and each create would collide: moved past them, never back.
-    MOVE = ("SELECT setval(q.name, greatest(max, last_value)), max FROM (SELECT max(seq) FROM {0})"
-            " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
-            " WHERE format('%I.%I', schemaname, sequencename) = q.name"
-            " AND max > coalesce(last_value, 0)")
+    MOVE = (
+        "SELECT setval(q.name, greatest(max, last_value)), max"
+        " FROM (SELECT max(seq) FROM {0})"
+        " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
+        " WHERE format('%I.%I', schemaname, sequencename) = q.name"
+        " AND max > coalesce(last_value, 0)"
+    )
 
     ONE_STATEMENT = True
-    # A batch in one statement, one round trip: rows take their seq in the order they came.
-    INSERT_MANY = ("INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
-                   "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
-                   " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
-                   " ON CONFLICT (id) DO NOTHING RETURNING id")
+    # A batch in one statement, one round trip: rows take their seq in the order they
+    # came.
+    INSERT_MANY = (
+        "INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
+        "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
+        " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
+        " ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
 
     def insert(self, run, plants):
         if len(plants) == 1:
             return super().insert(run, plants)
         ids, names, tags = map(list, zip(*plants, strict=True))
-        created = collections.Counter(row[0] for row in run(self.INSERT_MANY, ids=ids,
-                                                               names=names, tags=tags))
-        return [created.pop(plant_id, 0) > 0 for plant_id in ids]  # an id once, to the first
+        created = collections.Counter(
+            row[0] for row in run(self.INSERT_MANY, ids=ids, names=names, tags=tags)
+        )
+        # an id once, to the first
+        return [created.pop(plant_id, 0) > 0 for plant_id in ids]
 
     def setup(self, execute):
         super().setup(execute)
         for name, not_null, unique in execute(self.COLUMNS).fetchall():
             if not not_null or name != "name" and not unique:
-                raise ValueError(f"the {self.shown} has a 'plants' table that plantstore did not "
-                                 f"make: its {name} column may hold " + ("NULL" if not not_null
-                                                                          else "duplicates"))
+                raise ValueError(
+                    f"the {self.shown} has a 'plants' table that plantstore did not "
+                    f"make: its {name} column may hold "
+                    + ("NULL" if not not_null else "duplicates")
+                )
         for table in "plants", "plant_events":
-            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):  # the owner's
+            # the owner's
+            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):
                 for _, largest in execute(self.MOVE.format(table)).fetchall():
-                    _log(f"the identity of {table} was behind its largest seq, {largest}: "
-                         "moved past it")
+                    _log(
+                        f"the identity of {table} was behind its largest seq, "
+                        f"{largest}: "
+                        "moved past it"
+                    )
 
     def connect(self, deadline):
-        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's bound.
+        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's
+        # bound.
         seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
-        return self._psycopg.connect(**{**self.BOUNDS, "connect_timeout": seconds,
-                                        **self.parameters}, autocommit=True)
+        return self._psycopg.connect(
+            **{**self.BOUNDS, "connect_timeout": seconds, **self.parameters},
+            autocommit=True,
+        )
 
     def execute(self, db, sql, parameters, deadline):
-        with self._lock:  # the watchdog sees each statement, with its request's deadline
-            if self._watching != os.getpid():  # one watchdog in each process that runs them
+        # the watchdog sees each statement, with its request's deadline
+        with self._lock:
+            # one watchdog in each process that runs them
+            if self._watching != os.getpid():
                 self._watching = os.getpid()
-                threading.Thread(target=self._watch, name="plantstore-watchdog",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._watch, name="plantstore-watchdog", daemon=True
+                ).start()
             self._busy[db] = deadline
         try:
-            if not parameters:  # psycopg reads no placeholder then: '::' and '%' stay as they are
+            # psycopg reads no placeholder then: '::' and '%' stay as they are
+            if not parameters:
                 return db.execute(sql)
             return db.execute(_pyformat(sql), parameters)
         finally:
@@ -1032,47 +1362,69 @@ class PostgresStore(SQLStore):
                 del self._busy[db]
 
     def _watch(self):
-        """Shut the connection of each statement past its deadline: its request answers 503."""
+        """Shut the connection of each statement past its deadline: its request answers
+        503."""
         while True:
             time.sleep(0.25)
-            with self._lock:  # held, so that no statement ends, and its socket closes, meanwhile
+            # held, so that no statement ends, and its socket closes, meanwhile
+            with self._lock:
                 for db, deadline in self._busy.items():
                     if deadline < time.monotonic():
-                        with contextlib.suppress(OSError), socket.socket(
-                                fileno=os.dup(db.fileno())) as connection:
+                        with (
+                            contextlib.suppress(OSError),
+                            socket.socket(fileno=os.dup(db.fileno())) as connection,
+                        ):
                             connection.shutdown(socket.SHUT_RDWR)
 
     def usable(self, db):
-        # An idle connection has nothing to read: if it has, the server said goodbye (a restart).
+        # An idle connection has nothing to read: if it has, the server said goodbye (a
+        # restart).
         return not select.select([db.fileno()], [], [], 0)[0]
 
 
 def postgres_settings(conninfo):
-    """libpq's parameters from a PostgreSQL URL or libpq string, and the database as messages
+    """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
+    messages
     name it: a URL made anew from those parameters, without the password."""
     try:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
-        raise ValueError(f"{DB_VARIABLE} names a PostgreSQL database, which needs psycopg: "
-                         "pip install 'plantstore[postgres]'") from None
+        raise ValueError(
+            f"{DB_VARIABLE} names a PostgreSQL database, which needs psycopg: "
+            "pip install 'plantstore[postgres]'"
+        ) from None
     try:  # libpq reads the scheme in lower case only
-        parameters = conninfo_to_dict(re.sub("^postgres(ql)?://", "postgresql://", conninfo,
-                                             flags=re.IGNORECASE))
-    except Exception:  # libpq's message quotes the setting, password and all: never shown
-        raise ValueError(f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
-                         "digits, an option libpq does not know, or a word without =value; it "
-                         f"takes {DB_FORMS}") from None
+        parameters = conninfo_to_dict(
+            re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)
+        )
+    # libpq's message quotes the setting, password and all: never shown
+    except Exception:
+        raise ValueError(
+            f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
+            "digits, an option libpq does not know, or a word without =value; it "
+            f"takes {DB_FORMS}"
+        ) from None
     hosts = parameters.get("host", parameters.get("hostaddr", "")).split(",")
     ports = parameters.get("port", "").split(",")
     if len(ports) not in (1, len(hosts)) or not all(
-            re.fullmatch("[0-9]{1,5}", port) and 0 < int(port) < 65536 for port in ports if port):
-        raise ValueError(f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
-                         "one for every host or one for all")
+        re.fullmatch("[0-9]{1,5}", port) and 0 < int(port) < 65536
+        for port in ports
+        if port
+    ):
+        raise ValueError(
+            f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
+            "one for every host or one for all"
+        )
     ports = ports * len(hosts) if len(ports) == 1 else ports
-    where = ",".join((f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
-                     for host, port in zip(hosts, ports, strict=True))
+    where = ",".join(
+        (f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
+        for host, port in zip(hosts, ports, strict=True)
+    )
     user = parameters.get("user", "") and f"{parameters['user']}@"
-    return parameters, f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}"
+    return (
+        parameters,
+        f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}",
+    )
 
 
 @functools.cache
@@ -1082,7 +1434,8 @@ def _pyformat(sql):
 
 
 def _utf8(text):
-    return text.encode("utf-8", "surrogatepass")  # any JSON string, a lone surrogate too
+    # any JSON string, a lone surrogate too
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _text(data):
@@ -1091,40 +1444,68 @@ def _text(data):
 
 # ---- Webhooks: each new plant, signed and retried, from threads of its own ----
 
-class WebhookSender:
-    """Delivers the sample's new-plant webhook to each receiver, signed as Standard Webhooks says.
 
-    Every event waits in an outbox, the plant_events table, until its receiver answers 2xx. With a
-    SQL store that table is written in the plant's own transaction, so a 200 means at least one
-    delivery, across crashes and restarts; several workers may deliver one event, and receivers
-    deduplicate by webhook-id. With the in-memory store the table is in an SQLite database in the
-    memory of the sender's thread: best effort, lost with the process, and at most MAX_WAITING
-    events or MAX_WAITING_BYTES. The sender starts with the first request a process serves. Its
-    thread claims due events, at most PER_URL at once for each receiver, and hands them to a pool
-    that POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver does, so a
-    slow receiver holds up no other, and no create waits for any. A failed attempt is retried on
-    SCHEDULE, with jitter. While a receiver gives no answer (or its gateway answers 502-504), its
-    oldest event alone is tried, every PROBE_SECONDS; once one gets through, the others follow at
-    once. A URL that answers 410, or is no longer configured, gets nothing more: its events are
+class WebhookSender:
+    """Delivers the sample's new-plant webhook to each receiver, signed as Standard
+    Webhooks says.
+
+    Every event waits in an outbox, the plant_events table, until its receiver answers
+    2xx. With a
+    SQL store that table is written in the plant's own transaction, so a 200 means at
+    least one
+    delivery, across crashes and restarts; several workers may deliver one event, and
+    receivers
+    deduplicate by webhook-id. With the in-memory store the table is in an SQLite
+    database in the
+    memory of the sender's thread: best effort, lost with the process, and at most
+    MAX_WAITING
+    events or MAX_WAITING_BYTES. The sender starts with the first request a process
+    serves. Its
+    thread claims due events, at most PER_URL at once for each receiver, and hands them
+    to a pool
+    that POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver
+    does, so a
+    slow receiver holds up no other, and no create waits for any. A failed attempt is
+    retried on
+    SCHEDULE, with jitter. While a receiver gives no answer (or its gateway answers
+    502-504), its
+    oldest event alone is tried, every PROBE_SECONDS; once one gets through, the others
+    follow at
+    once. A URL that answers 410, or is no longer configured, gets nothing more: its
+    events are
     dropped.
     """
 
-    SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)  # seconds before a retry
+    # seconds before a retry
+    SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
     PROBE_SECONDS, POLL_SECONDS, TIMEOUT, PER_URL = 5, 1, 15, 4
     MAX_WAITING, MAX_WAITING_BYTES = 10_000, 32 * 2**20  # the in-memory outbox's bounds
-    LEASE_SECONDS = TIMEOUT + 2  # an event taken by a sender killed mid-attempt is free after it
+    # an event taken by a sender killed mid-attempt is free after it
+    LEASE_SECONDS = TIMEOUT + 2
 
-    EVENT = ("INSERT INTO plant_events (url, webhook_id, body, next_at)"
-             " VALUES (:url, :webhook_id, :body, 0)")
-    # A sender leases the events it takes, so that no other sender takes them meanwhile: the
-    # URL's due events, or, to probe a receiver that gave no answer, its oldest (due: any time).
-    CLAIM = ("UPDATE plant_events SET lease = :lease WHERE lease <= :now AND seq IN (SELECT seq"
-             " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
-             " ORDER BY seq LIMIT :free) RETURNING seq, url, webhook_id, body, attempts, next_at")
-    RETRY = ("UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
-             " WHERE seq = :seq")
+    EVENT = (
+        "INSERT INTO plant_events (url, webhook_id, body, next_at)"
+        " VALUES (:url, :webhook_id, :body, 0)"
+    )
+    # A sender leases the events it takes, so that no other sender takes them meanwhile:
+    # the
+    # URL's due events, or, to probe a receiver that gave no answer, its oldest (due:
+    # any time).
+    CLAIM = (
+        "UPDATE plant_events SET lease = :lease"
+        " WHERE lease <= :now AND seq IN (SELECT seq"
+        " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
+        " ORDER BY seq LIMIT :free)"
+        " RETURNING seq, url, webhook_id, body, attempts, next_at"
+    )
+    RETRY = (
+        "UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
+        " WHERE seq = :seq"
+    )
     RELEASE = "UPDATE plant_events SET lease = 0 WHERE seq = :seq"
-    DUE_NOW = "UPDATE plant_events SET next_at = :now WHERE url = :url AND next_at > :now"
+    DUE_NOW = (
+        "UPDATE plant_events SET next_at = :now WHERE url = :url AND next_at > :now"
+    )
     DONE = "DELETE FROM plant_events WHERE seq = :seq"
     FORGET = "DELETE FROM plant_events WHERE url = :url"
     WAITING = "SELECT url, count(*), sum(length(body)) FROM plant_events GROUP BY url"
@@ -1132,7 +1513,8 @@ class WebhookSender:
     def __init__(self, urls, secret, store):
         self._key = webhook_secret_key(secret)
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
-        self._store = store if isinstance(store, SQLStore) else None  # None: the outbox in memory
+        # None: the outbox in memory
+        self._store = store if isinstance(store, SQLStore) else None
         self.outbox_is_sql = self._store is not None
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
@@ -1140,8 +1522,10 @@ class WebhookSender:
         self._dropping = False
 
     def start_here(self):
-        """Start sending in this process unless it does already: a server may fork after building
-        the app (gunicorn --preload), and neither threads nor a database follow a fork."""
+        """Start sending in this process unless it does already: a server may fork after
+        building
+        the app (gunicorn --preload), and neither threads nor a database follow a
+        fork."""
         if self._pid != os.getpid():
             with self._lock:
                 if self._pid != os.getpid():
@@ -1150,14 +1534,24 @@ class WebhookSender:
 
     def _start(self):
         self.outbox = self._store and self._store.run
-        if not self._store:  # an SQLite database in memory, for the sender and notify(), in turn
-            memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        # an SQLite database in memory, for the sender and notify(), in turn
+        if not self._store:
+            memory = sqlite3.connect(
+                ":memory:", isolation_level=None, check_same_thread=False
+            )
             memory.execute(SQLiteStore.EVENTS)
-            self.outbox = lambda sql, **parameters: self._in_turn(memory, sql, parameters)
-        self._failing, self._attempts = {}, {}  # URL: when last tried; connection: its deadline
+            self.outbox = lambda sql, **parameters: self._in_turn(
+                memory, sql, parameters
+            )
+        # URL: when last tried; connection: its deadline
+        self._failing, self._attempts = {}, {}
         self._wake, self._stop = threading.Event(), threading.Event()
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.PER_URL * len(self.urls))
-        self._thread = threading.Thread(target=self._loop, name="plantstore-webhooks", daemon=True)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.PER_URL * len(self.urls)
+        )
+        self._thread = threading.Thread(
+            target=self._loop, name="plantstore-webhooks", daemon=True
+        )
         self._thread.start()
 
     def _in_turn(self, memory, sql, parameters):
@@ -1165,22 +1559,29 @@ class WebhookSender:
             return memory.execute(sql, parameters).fetchall()
 
     def notify(self, plant_id, name, tag):
-        """After a create: write the in-memory store's event, or wake up for the one SQL wrote."""
+        """After a create: write the in-memory store's event, or wake up for the one SQL
+        wrote."""
         if not self._store:
             body = event_json(plant_id, name, tag)
             count, size = self._waiting
             if count < self.MAX_WAITING and size + len(body) <= self.MAX_WAITING_BYTES:
                 self._write(self.outbox, body)
-                self._waiting = count + len(self.urls), size + len(body) * len(self.urls)
+                self._waiting = (
+                    count + len(self.urls),
+                    size + len(body) * len(self.urls),
+                )
                 self._dropping = False
             elif not self._dropping:
                 self._dropping = True
-                _log(f"webhook events are dropped: {count} events of {size // 2**20} MB "
-                     "wait in memory already, until they drain")
+                _log(
+                    f"webhook events are dropped: {count} events of {size // 2**20} MB "
+                    "wait in memory already, until they drain"
+                )
         self._wake.set()
 
     def close(self):
-        """Stop sending (what is in the outbox stays there) and wait for attempts under way."""
+        """Stop sending (what is in the outbox stays there) and wait for attempts under
+        way."""
         if self._pid == os.getpid():
             self._stop.set()
             self._wake.set()
@@ -1189,7 +1590,12 @@ class WebhookSender:
 
     def _write(self, run, body):
         for url in self.urls:
-            run(self.EVENT, url=url, webhook_id=f"msg_{secrets.token_urlsafe(18)}", body=body)
+            run(
+                self.EVENT,
+                url=url,
+                webhook_id=f"msg_{secrets.token_urlsafe(18)}",
+                body=body,
+            )
 
     def _loop(self):
         in_flight, started_over = {}, False  # future: (event, whether it is a probe)
@@ -1199,30 +1605,41 @@ class WebhookSender:
                 self._claim(in_flight)
                 self._cut_late_attempts()
                 if in_flight:
-                    done, _ = concurrent.futures.wait(in_flight, self.POLL_SECONDS,
-                                                      concurrent.futures.FIRST_COMPLETED)
+                    done, _ = concurrent.futures.wait(
+                        in_flight, self.POLL_SECONDS, concurrent.futures.FIRST_COMPLETED
+                    )
                     for future in done:
                         self._settle(*in_flight.pop(future), future.result())
                 else:  # until a create wakes it, or events of other workers may be due
                     self._wake.wait(self.POLL_SECONDS)
                     self._wake.clear()
-                if not self._store:  # what waits, counted again: notify() counts up only
+                # what waits, counted again: notify() counts up only
+                if not self._store:
                     waiting = self.outbox(self.WAITING)
-                    self._waiting = sum(row[1] for row in waiting), sum(row[2] for row in waiting)
-            except HTTPError:  # the database is away, and said so: try again in a moment
+                    self._waiting = (
+                        sum(row[1] for row in waiting),
+                        sum(row[2] for row in waiting),
+                    )
+            # the database is away, and said so: try again in a moment
+            except HTTPError:
                 self._stop.wait(RETRY_AFTER)
             except Exception:
-                _log(f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
-                     f"{traceback.format_exc()}")
+                _log(
+                    f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
+                    f"{traceback.format_exc()}"
+                )
                 self._stop.wait(RETRY_AFTER)
 
     def _start_over(self):
-        """Drop the events of URLs no longer configured; try each other waiting event once."""
+        """Drop the events of URLs no longer configured; try each other waiting event
+        once."""
         for url, count, _ in self.outbox(self.WAITING):
             if url not in self.urls:
                 self.outbox(self.FORGET, url=url)
-                _log(f"{count} waiting webhook events are dropped: their receiver "
-                     f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}")
+                _log(
+                    f"{count} waiting webhook events are dropped: their receiver "
+                    f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}"
+                )
             else:
                 self.outbox(self.DUE_NOW, now=time.time(), url=url)
         return True
@@ -1238,13 +1655,25 @@ class WebhookSender:
             if probing:
                 self._failing[url] = now
             free = 1 if probing else self.PER_URL - busy
-            for event in self.outbox(self.CLAIM, lease=now + self.LEASE_SECONDS, now=now,
-                                     url=url, due=now + probing * 1e9, free=free) if free else ():
+            for event in (
+                self.outbox(
+                    self.CLAIM,
+                    lease=now + self.LEASE_SECONDS,
+                    now=now,
+                    url=url,
+                    due=now + probing * 1e9,
+                    free=free,
+                )
+                if free
+                else ()
+            ):
                 in_flight[self._pool.submit(self._post, *event[1:4])] = event, probing
 
     def _cut_late_attempts(self):
-        """Close the connection of each attempt past its TIMEOUT: urllib's and http.client's
-        timeouts bound each read, and a receiver that trickles bytes would never reach one."""
+        """Close the connection of each attempt past its TIMEOUT: urllib's and
+        http.client's
+        timeouts bound each read, and a receiver that trickles bytes would never reach
+        one."""
         for connection, deadline in list(self._attempts.items()):
             if time.monotonic() > deadline:
                 with contextlib.suppress(AttributeError, OSError):
@@ -1254,21 +1683,35 @@ class WebhookSender:
         """One attempt: the receiver's status, or None when no answer came."""
         timestamp = str(int(time.time()))
         signed = f"{webhook_id}.{timestamp}.".encode() + body
-        signature = base64.b64encode(hmac.new(self._key, signed, hashlib.sha256).digest())
+        signature = base64.b64encode(
+            hmac.new(self._key, signed, hashlib.sha256).digest()
+        )
         parts = urlsplit(url)
-        https = parts.scheme == "https"  # the port said: http.client reads [::1] as port 1
-        connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
-            parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
+        # the port said: http.client reads [::1] as port 1
+        https = parts.scheme == "https"
+        connection = (
+            http.client.HTTPSConnection if https else http.client.HTTPConnection
+        )(parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
         connection.response_class = _FinalResponse
         self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
-            connection.request("POST", (parts.path or "/") + (parts.query and f"?{parts.query}"),
-                               body, {"Content-Type": JSON_TYPE, "webhook-id": webhook_id,
-                                      "webhook-timestamp": timestamp,
-                                      "webhook-signature": f"v1,{signature.decode()}"})
-            status = connection.getresponse().status  # no redirect is followed: 3xx is no delivery
-            return status if time.monotonic() < deadline else None  # cut: its headers never ended
-        except Exception:  # refused, cut, garbled: no answer, retried on schedule like any other
+            connection.request(
+                "POST",
+                (parts.path or "/") + (parts.query and f"?{parts.query}"),
+                body,
+                {
+                    "Content-Type": JSON_TYPE,
+                    "webhook-id": webhook_id,
+                    "webhook-timestamp": timestamp,
+                    "webhook-signature": f"v1,{signature.decode()}",
+                },
+            )
+            # no redirect is followed: 3xx is no delivery
+            status = connection.getresponse().status
+            # cut: its headers never ended
+            return status if time.monotonic() < deadline else None
+        # refused, cut, garbled: no answer, retried on schedule like any other
+        except Exception:
             return None
         finally:
             del self._attempts[connection]
@@ -1277,80 +1720,112 @@ class WebhookSender:
     def _settle(self, event, probe, status):
         seq, url, webhook_id, _, attempts, due = event
         now = time.time()
-        if status == 410 and url in self.urls:  # a new list: requests iterate the old one
+        # a new list: requests iterate the old one
+        if status == 410 and url in self.urls:
             self.urls = [other for other in self.urls if other != url]
             self.outbox(self.FORGET, url=url)
-            _log(f"the webhook receiver {_origin(url)} answered 410 Gone: it gets no more events")
-        elif url not in self.urls or status and 200 <= status < 300:  # or its URL went meanwhile
+            _log(
+                f"the webhook receiver {_origin(url)} answered 410 Gone: "
+                "it gets no more events"
+            )
+        # or its URL went meanwhile
+        elif url not in self.urls or status and 200 <= status < 300:
             self.outbox(self.DONE, seq=seq)
-            if self._failing.pop(url, None) is not None:  # through again: the others follow now
+            # through again: the others follow now
+            if self._failing.pop(url, None) is not None:
                 self.outbox(self.DUE_NOW, now=now, url=url)
-        elif probe and status in (None, 502, 503, 504) and due > now:  # its schedule stays
+        # its schedule stays
+        elif probe and status in (None, 502, 503, 504) and due > now:
             self.outbox(self.RELEASE, seq=seq)
         else:
-            if status in (None, 502, 503, 504):  # no answer from the receiver itself: probe it
+            # no answer from the receiver itself: probe it
+            if status in (None, 502, 503, 504):
                 self._failing.setdefault(url, now)
-            else:  # an answer, if not a 2xx: the receiver is back, and its events go as usual
+            # an answer, if not a 2xx: the receiver is back, and its events go as usual
+            else:
                 self._failing.pop(url, None)
             if attempts < len(self.SCHEDULE):
                 delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
-                self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
+                self.outbox(
+                    self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq
+                )
             else:
                 self.outbox(self.DONE, seq=seq)
-                _log(f"webhook {webhook_id} to {_origin(url)} is given up "
-                     f"after {attempts + 1} attempts")
+                _log(
+                    f"webhook {webhook_id} to {_origin(url)} is given up "
+                    f"after {attempts + 1} attempts"
+                )
 
 
 def check_webhook_url(url):
-    """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it can be
+    """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it
+    can be
     delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
         parts = urlsplit(url)
-        good = (parts.scheme in ("http", "https") and parts.port != 0 and "@" not in parts.netloc
-                and re.fullmatch(r"[A-Za-z0-9_.:-]+", parts.hostname or "")
-                and not re.search(r"[\x00-\x20\x7f]", url))
+        good = (
+            parts.scheme in ("http", "https")
+            and parts.port != 0
+            and "@" not in parts.netloc
+            and re.fullmatch(r"[A-Za-z0-9_.:-]+", parts.hostname or "")
+            and not re.search(r"[\x00-\x20\x7f]", url)
+        )
     except ValueError:  # a port that is no number from 0 to 65535
         good = False
     if not good:  # the URL is not repeated: its query may hold a secret
-        raise ValueError(f"each URL in {WEBHOOK_URL_VARIABLE} must be http:// or https://, with a "
-                         "host in ASCII (xn-- for others), a port from 1 to 65535 if any, and no "
-                         "user:password@ (never sent)")
-    return quote(url, safe="".join(map(chr, range(33, 127))))  # UTF-8 %-escapes, ASCII as it is
+        raise ValueError(
+            f"each URL in {WEBHOOK_URL_VARIABLE} must be http:// or https://, with a "
+            "host in ASCII (xn-- for others), a port from 1 to 65535 if any, and no "
+            "user:password@ (never sent)"
+        )
+    # UTF-8 %-escapes, ASCII as it is
+    return quote(url, safe="".join(map(chr, range(33, 127))))
 
 
 class _FinalResponse(http.client.HTTPResponse):
-    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100 itself."""
+    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100
+    itself."""
 
     def _read_status(self):
         while True:
             version, status, reason = super()._read_status()
             if status >= 200:
                 return version, status, reason
-            http.client.parse_headers(self.fp)  # the interim answer's headers: nothing to keep
+            # the interim answer's headers: nothing to keep
+            http.client.parse_headers(self.fp)
 
 
 def with_webhooks(application, sender):
-    """The application, starting the sender in the process that serves, at its first request if
-    not before: events that wait in a SQL outbox go at once from a process forked after the app
+    """The application, starting the sender in the process that serves, at its first
+    request if
+    not before: events that wait in a SQL outbox go at once from a process forked after
+    the app
     was built (gunicorn --preload's workers), and see built_in_a_worker() and main()."""
+
     def serve(environ, start_response):
         sender.start_here()
         return application(environ, start_response)
+
     application.on_create = sender.notify
     if sender.outbox_is_sql:
-        start = weakref.WeakMethod(sender.start_here)  # a sender no longer used is not kept
+        # a sender no longer used is not kept
+        start = weakref.WeakMethod(sender.start_here)
         os.register_at_fork(after_in_child=lambda: start() and start()())
     return serve
 
 
 def built_in_a_worker():
-    """Whether a server is building the app in the worker process that serves it (granian's
+    """Whether a server is building the app in the worker process that serves it
+    (granian's
     workers, gunicorn's without --preload), not in a master that forks workers next."""
     frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
-    while frame and not (frame.f_code.co_name == "load_wsgi"
-                         and frame.f_globals["__name__"].startswith("gunicorn.")):
+    while frame and not (
+        frame.f_code.co_name == "load_wsgi"
+        and frame.f_globals["__name__"].startswith("gunicorn.")
+    ):
         frame = frame.f_back
-    multiprocessing = sys.modules.get("multiprocessing")  # granian's workers are its children
+    # granian's workers are its children
+    multiprocessing = sys.modules.get("multiprocessing")
     return bool(frame or "granian" in sys.modules and multiprocessing.parent_process())
 
 
@@ -1360,80 +1835,111 @@ def event_json(plant_id, name, tag):
 
 
 def _origin(url):
-    """A receiver in a log line: scheme, host and port, never a path or query with a secret."""
+    """A receiver in a log line: scheme, host and port, never a path or query with a
+    secret."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return f"{parts.scheme}://{parts.hostname}" + (
+        f":{parts.port}" if parts.port else ""
+    )
 
 
 def webhook_secret_key(secret):
-    """Check a Standard Webhooks secret, whsec_ and base64 of 24 bytes or more; never quote it."""
+    """Check a Standard Webhooks secret, whsec_ and base64 of 24 bytes or more; never
+    quote it."""
     if not secret:
-        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is "
-                         "set: receivers check every webhook's signature")
+        raise ValueError(
+            f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is "
+            "set: receivers check every webhook's signature"
+        )
     try:
         key = base64.b64decode(secret.removeprefix("whsec_"), validate=True)
     except ValueError:
         key = b""
     if not secret.startswith("whsec_") or len(key) < 24:
-        raise ValueError(f"{WEBHOOK_SECRET_VARIABLE} must be whsec_ followed by base64 of at "
-                         "least 24 random bytes: make one with "
-                         "python -c \"import base64, secrets; "
-                         "print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\"")
+        raise ValueError(
+            f"{WEBHOOK_SECRET_VARIABLE} must be whsec_ followed by base64 of at "
+            "least 24 random bytes: make one with "
+            'python -c "import base64, secrets; '
+            "print('whsec_' + base64.b64encode(secrets.token_bytes(32)).decode())\""
+        )
     return key
 
 
 # ---- CORS: browser pages of other origins, as a wrapper the core never sees ----
 
+
 def browser_origin(origin):
-    """The origin as a browser sends it in Origin: lower-case, no default port; or ValueError."""
-    match = re.fullmatch(r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?",
-                         origin.lower())
+    """The origin as a browser sends it in Origin: lower-case, no default port; or
+    ValueError."""
+    match = re.fullmatch(
+        r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", origin.lower()
+    )
     port = match and match[3] and int(match[3])
     if not match or port is not None and not 0 < port < 65536:
-        raise ValueError(f"each origin in {CORS_VARIABLE} must be one a browser sends, as "
-                         "https://example.org or http://localhost:3000: a port from 1 to 65535 "
-                         "if any, no path, no trailing slash, no *")
+        raise ValueError(
+            f"each origin in {CORS_VARIABLE} must be one a browser sends, as "
+            "https://example.org or http://localhost:3000: a port from 1 to 65535 "
+            "if any, no path, no trailing slash, no *"
+        )
     default = port in (None, {"http": 80, "https": 443}[match[1]])
     return f"{match[1]}://{match[2]}" + ("" if default else f":{port}")
 
 
 def with_cors(application, origins):
-    """The application, answering browser pages of the listed origins (as a browser sends Origin).
+    """The application, answering browser pages of the listed origins (as a browser
+    sends Origin).
 
-    Every answer varies with Origin. An answer to a listed origin may be read by its page; to its
-    preflight (OPTIONS with Access-Control-Request-Method) the core's Allow is what it may send.
+    Every answer varies with Origin. An answer to a listed origin may be read by its
+    page; to its
+    preflight (OPTIONS with Access-Control-Request-Method) the core's Allow is what it
+    may send.
     """
+
     def cors(environ, start_response):
         origin = environ.get("HTTP_ORIGIN")
 
         def start(status, headers, exc_info=None):
             headers.append(("Vary", "Origin"))
             if origin in origins:
-                headers += [("Access-Control-Allow-Origin", origin),
-                            ("Access-Control-Expose-Headers",
-                             "Link, Retry-After, WWW-Authenticate")]
-                if environ["REQUEST_METHOD"] == "OPTIONS" and status.startswith("204") \
-                        and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ:
-                    headers += [("Access-Control-Allow-Methods", dict(headers)["Allow"]),
-                                ("Access-Control-Allow-Headers", "Authorization, Content-Type"),
-                                ("Access-Control-Max-Age", "600")]
+                headers += [
+                    ("Access-Control-Allow-Origin", origin),
+                    (
+                        "Access-Control-Expose-Headers",
+                        "Link, Retry-After, WWW-Authenticate",
+                    ),
+                ]
+                if (
+                    environ["REQUEST_METHOD"] == "OPTIONS"
+                    and status.startswith("204")
+                    and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+                ):
+                    headers += [
+                        ("Access-Control-Allow-Methods", dict(headers)["Allow"]),
+                        ("Access-Control-Allow-Headers", "Authorization, Content-Type"),
+                        ("Access-Control-Max-Age", "600"),
+                    ]
             return start_response(status, headers, exc_info)
+
         return application(environ, start)
+
     return cors
 
 
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
-# The document as it is served, but for `servers`, which says where the application is mounted.
-# HEAD and OPTIONS are not operations in it, though every route answers them (docs/http.md): a
+# The document as it is served, but for `servers`, which says where the application is
+# mounted.
+# HEAD and OPTIONS are not operations in it, though every route answers them
+# (docs/http.md): a
 # client has nothing to call there. 405 is left out for the same reason.
-OPENAPI = json.loads("""{
+OPENAPI = json.loads(
+    """{
   "openapi": "3.1.0",
   "info": {
     "title": "Plant Store",
     "version": "1.0.0",
     "license": {"name": "MIT", "identifier": "MIT"},
-    "description": "Add, list and delete plants with a bearer token; new plants can go to webhooks"
+    "description": "Add, list and delete plants with a token; new plants go to webhooks"
   },
   "tags": [
     {"name": "plants", "description": "The plants in the store"},
@@ -1445,7 +1951,7 @@ OPENAPI = json.loads("""{
       "get": {
         "tags": ["plants"],
         "summary": "List plants, oldest first",
-        "description": "Without `limit`, every plant, streamed; with it, a page and a next `Link`",
+        "description": "Every plant, streamed; with `limit`, a page and a next `Link`",
         "parameters": [
           {
             "name": "limit",
@@ -1456,7 +1962,7 @@ OPENAPI = json.loads("""{
           {
             "name": "after",
             "in": "query",
-            "description": "Where a page starts: the cursor of a next link, opaque to clients",
+            "description": "The cursor of a next link, where the page starts",
             "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{11}$"}
           }
         ],
@@ -1465,7 +1971,10 @@ OPENAPI = json.loads("""{
             "description": "The plants, oldest first",
             "content": {
               "application/json": {
-                "schema": {"type": "array", "items": {"$ref": "#/components/schemas/Plant"}}
+                "schema": {
+                  "type": "array",
+                  "items": {"$ref": "#/components/schemas/Plant"}
+                }
               }
             },
             "headers": {
@@ -1488,12 +1997,16 @@ OPENAPI = json.loads("""{
         "requestBody": {
           "description": "Plant to add to the store",
           "required": true,
-          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewPlant"}}}
+          "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/NewPlant"}}
+          }
         },
         "responses": {
           "200": {
             "description": "plant response",
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Plant"}}}
+            "content": {
+              "application/json": {"schema": {"$ref": "#/components/schemas/Plant"}}
+            }
           },
           "400": {"$ref": "#/components/responses/Error400"},
           "401": {"$ref": "#/components/responses/Error401"},
@@ -1574,10 +2087,15 @@ OPENAPI = json.loads("""{
         "operationId": "newPlant",
         "tags": ["plants"],
         "summary": "A new plant, sent to each webhook URL",
-        "description": "A new plant, signed as Standard Webhooks says (v1: base64 HMAC-SHA256)",
+        "description": "A new plant, signed as Standard Webhooks says (HMAC-SHA256)",
         "security": [],
         "parameters": [
-          {"name": "webhook-id", "in": "header", "required": true, "schema": {"type": "string"}},
+          {
+            "name": "webhook-id",
+            "in": "header",
+            "required": true,
+            "schema": {"type": "string"}
+          },
           {
             "name": "webhook-timestamp",
             "in": "header",
@@ -1593,7 +2111,9 @@ OPENAPI = json.loads("""{
         ],
         "requestBody": {
           "description": "Information about a new plant in the system",
-          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NewPlant"}}}
+          "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/NewPlant"}}
+          }
         },
         "responses": {
           "200": {
@@ -1641,66 +2161,96 @@ OPENAPI = json.loads("""{
     },
     "responses": {
       "Error400": {
-        "description": "The request is not valid; the message names the field and the rule",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "description": "The request is not valid; the message names the field and rule",
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error401": {
         "description": "The bearer token is missing or not accepted",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        },
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}}
       },
       "Error404": {
         "description": "No plant has this id",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error408": {
         "description": "The request body did not arrive in time",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error409": {
         "description": "A plant with this id already exists; it is left unchanged",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error411": {
-        "description": "A chunked body that this server cannot read: send a Content-Length",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "description": "A chunked body this server cannot read: send a Content-Length",
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error413": {
         "description": "The request body is larger than the limit",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error415": {
         "description": "The body is not application/json",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        },
         "headers": {"Accept": {"schema": {"type": "string"}}}
       },
       "Error500": {
         "description": "The server failed",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
       },
       "Error503": {
-        "description": "The database is away for a moment; try again after Retry-After seconds",
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "description": "The database is away; try again after Retry-After seconds",
+        "content": {
+          "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        },
         "headers": {"Retry-After": {"schema": {"type": "string"}}}
       }
     },
     "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}
   }
-}""".replace("{PAGE_MAX}", str(PAGE_MAX)))
+}""".replace("{PAGE_MAX}", str(PAGE_MAX))
+)
 
 
 def serve_document(application):
-    """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token. Each
-    operation's operationId, and `security: []` where it needs no token, come from its route."""
-    application.route("GET", "/openapi.json", lambda environ, _: read_document(environ),
-                      "getOpenApiDocument", token=False)
+    """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token.
+    Each
+    operation's operationId, and `security: []` where it needs no token, come from its
+    route."""
+    application.route(
+        "GET",
+        "/openapi.json",
+        lambda environ, _: read_document(environ),
+        "getOpenApiDocument",
+        token=False,
+    )
     document = json.loads(json.dumps(OPENAPI))  # a copy, to fill in
     for path, methods in application.routes.items():
         for method, (_, operation_id, token) in methods.items():
             operation = document["paths"][path][method.lower()]
             operation["operationId"] = operation_id
             operation.update({} if token else {"security": []})
-    document = json.dumps({"servers": [{"url": "SCRIPT_NAME"}], **document}, indent=2).encode()
+    document = json.dumps(
+        {"servers": [{"url": "SCRIPT_NAME"}], **document}, indent=2
+    ).encode()
 
     def read_document(environ):  # `servers` says where the app is mounted
         mounted = _quote(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
@@ -1711,51 +2261,68 @@ def serve_document(application):
 
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 
+
 class _ServerHandler(ServerHandler):
     def finish_content(self):
-        # wsgiref gives every answer without a body "Content-Length: 0": RFC 9110 forbids it on
-        # a 204 (8.6), and on HEAD it would contradict a GET that streams a body of no set length.
-        if not self.headers_sent and (self.status.startswith("204")
-                                      or self.environ["REQUEST_METHOD"] == "HEAD"):
+        # wsgiref gives every answer without a body "Content-Length: 0": RFC 9110
+        # forbids it on
+        # a 204 (8.6), and on HEAD it would contradict a GET that streams a body of no
+        # set length.
+        if not self.headers_sent and (
+            self.status.startswith("204") or self.environ["REQUEST_METHOD"] == "HEAD"
+        ):
             self.send_headers()
         super().finish_content()
 
 
 class _RequestHandler(WSGIRequestHandler):
-    """wsgiref's request handler, with a socket timeout and a log that keeps secrets out."""
+    """wsgiref's request handler, with a socket timeout and a log that keeps secrets
+    out."""
 
-    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain` is its
+    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain`
+    # is its
     # fixed text for the status, where `message` would quote the client's request line.
     error_content_type = JSON_TYPE
     error_message_format = '{"error": %(code)d, "message": "%(explain)s"}'
 
     def setup(self):
-        self.timeout = self.server.client_timeout  # a silent client cannot hold its thread
+        # a silent client cannot hold its thread
+        self.timeout = self.server.client_timeout
         super().setup()
 
     def parse_request(self):
         if not super().parse_request():
             return False
-        if self.path.startswith(("http://", "https://")):  # absolute form (RFC 9112, 3.2.2)
+        # absolute form (RFC 9112, 3.2.2)
+        if self.path.startswith(("http://", "https://")):
             target = urlsplit(self.path)
-            self.path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+            self.path = (target.path or "/") + (
+                f"?{target.query}" if target.query else ""
+            )
         return True
 
     def handle(self):
-        """wsgiref's, with _ServerHandler: read one request and run the application on it."""
+        """wsgiref's, with _ServerHandler: read one request and run the application on
+        it."""
         self.raw_requestline = self.rfile.readline(65537)
         if len(self.raw_requestline) > 65536:
             self.requestline = self.request_version = self.command = ""
             self.send_error(414)
         elif self.parse_request():
-            handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(),
-                                     multithread=True)
+            handler = _ServerHandler(
+                self.rfile,
+                self.wfile,
+                self.get_stderr(),
+                self.get_environ(),
+                multithread=True,
+            )
             handler.request_handler = self  # for its log line
             handler.run(self.server.get_app())
 
     def log_request(self, code="-", size="-"):
         # Method and path only: the query string is where careless clients put secrets.
-        path = getattr(self, "path", "").partition("?")[0]  # none if the request line was garbage
+        # none if the request line was garbage
+        path = getattr(self, "path", "").partition("?")[0]
         self.log_message('"%s %s" %s %s', self.command or "-", path, code, size)
 
     def log_error(self, format, *args):
@@ -1763,10 +2330,13 @@ class _RequestHandler(WSGIRequestHandler):
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server: a thread per connection, a backlog for bursts, and a clean stop."""
+    """wsgiref's server: a thread per connection, a backlog for bursts, and a clean
+    stop."""
 
-    daemon_threads = True  # at exit, no thread is waited for: finish() has waited for the requests
-    request_queue_size = 1024  # listen backlog: 200 simultaneous connects are queued, not refused
+    # at exit, no thread is waited for: finish() has waited for the requests
+    daemon_threads = True
+    # listen backlog: 200 simultaneous connects are queued, not refused
+    request_queue_size = 1024
     linger_seconds = 2
 
     def process_request(self, request, client_address):
@@ -1775,19 +2345,24 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         super().process_request(request, client_address)
 
     def finish(self, seconds):
-        """Stop accepting, and wait up to `seconds` for the requests in flight to be answered."""
-        self.server_close()  # closed before it is said, so that no connection comes after
+        """Stop accepting, and wait up to `seconds` for the requests in flight to be
+        answered."""
+        # closed before it is said, so that no connection comes after
+        self.server_close()
         _log("stopping: answering the requests under way, accepting no new ones")
         with self.idle:
             self.idle.wait_for(lambda: not self.in_flight, timeout=seconds)
 
     def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], OSError):  # a client timed out or hung up: quiet
+        # a client timed out or hung up: quiet
+        if not isinstance(sys.exc_info()[1], OSError):
             super().handle_error(request, client_address)
 
     def shutdown_request(self, request):
-        # Send our FIN, then drain what the client still sends (an unread body, say): closing with
-        # unread bytes resets the connection, and the client would lose the answer it was sent.
+        # Send our FIN, then drain what the client still sends (an unread body, say):
+        # closing with
+        # unread bytes resets the connection, and the client would lose the answer it
+        # was sent.
         try:
             request.shutdown(socket.SHUT_WR)
             request.settimeout(self.linger_seconds)
@@ -1803,7 +2378,8 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
 
 def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
-    """Return the embedded server for application on (host, port); port 0 picks a free one."""
+    """Return the embedded server for application on (host, port); port 0 picks a free
+    one."""
     server = _Server((host, port), _RequestHandler)
     server.client_timeout = client_timeout
     server.in_flight, server.idle = 0, threading.Condition()
@@ -1811,22 +2387,36 @@ def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
     return server
 
 
-# ---- The assembly: settings from the environment, make_app, `app`, the command line ----
+# ---- The assembly: settings from the environment, make_app, `app`, the command line
 
-def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=(),
-             webhook_secret=None, cors_origins=()):
+
+def make_app(
+    tokens,
+    store=None,
+    max_body_bytes=MAX_BODY_BYTES,
+    *,
+    webhook_urls=(),
+    webhook_secret=None,
+    cors_origins=(),
+):
     """Return the WSGI application (PEP 3333) that accepts the given bearer tokens.
 
-    It is the core's Application, serving the OpenAPI document too. With webhook_urls, each new
-    plant is also POSTed to every one of them, signed with webhook_secret (see WebhookSender);
+    It is the core's Application, serving the OpenAPI document too. With webhook_urls,
+    each new
+    plant is also POSTed to every one of them, signed with webhook_secret (see
+    WebhookSender);
     the `webhook_sender` attribute is the sender. cors_origins lists the origins
     (https://example.org) whose browser pages may call it (see with_cors).
     """
     application = Application(tokens, store, max_body_bytes)
     serve_document(application)
     served, sender = application, None
-    webhook_urls = [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
-    cors_origins = [cors_origins] if isinstance(cors_origins, str) else list(cors_origins)
+    webhook_urls = (
+        [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
+    )
+    cors_origins = (
+        [cors_origins] if isinstance(cors_origins, str) else list(cors_origins)
+    )
     cors_origins = {browser_origin(origin) for origin in cors_origins}
     if webhook_urls:
         sender = WebhookSender(webhook_urls, webhook_secret, application.store)
@@ -1838,32 +2428,47 @@ def make_app(tokens, store=None, max_body_bytes=MAX_BODY_BYTES, *, webhook_urls=
 
 
 def tokens_from_environ(environ=os.environ):
-    """The tokens listed in PLANTSTORE_TOKENS, or None when it is unset; set, it holds one."""
+    """The tokens listed in PLANTSTORE_TOKENS, or None when it is unset; set, it holds
+    one."""
     if TOKENS_VARIABLE not in environ:
         return None
-    tokens = [token.strip() for token in environ[TOKENS_VARIABLE].split(",") if token.strip()]
+    tokens = [
+        token.strip() for token in environ[TOKENS_VARIABLE].split(",") if token.strip()
+    ]
     if not tokens:
-        raise ValueError(f"{TOKENS_VARIABLE} is set but holds no token: set it to the bearer "
-                         f"tokens to accept, comma-separated (make one with {MAKE_A_TOKEN}), "
-                         "or unset it")
+        raise ValueError(
+            f"{TOKENS_VARIABLE} is set but holds no token: set it to the bearer "
+            f"tokens to accept, comma-separated (make one with {MAKE_A_TOKEN}), "
+            "or unset it"
+        )
     return tokens
 
 
 def options_from_environ(environ=os.environ):
-    """make_app's other settings, each checked before the store is opened: none leaves a file."""
+    """make_app's other settings, each checked before the store is opened: none leaves a
+    file."""
+
     def listed(name):
-        return [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
+        return [
+            item.strip() for item in environ.get(name, "").split(",") if item.strip()
+        ]
+
     urls = [check_webhook_url(url) for url in listed(WEBHOOK_URL_VARIABLE)]
     if urls:
         webhook_secret_key(environ.get(WEBHOOK_SECRET_VARIABLE))
-    return {"webhook_urls": urls, "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE),
-            "cors_origins": [browser_origin(origin) for origin in listed(CORS_VARIABLE)],
-            "store": store_from_environ(environ)}
+    return {
+        "webhook_urls": urls,
+        "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE),
+        "cors_origins": [browser_origin(origin) for origin in listed(CORS_VARIABLE)],
+        "store": store_from_environ(environ),
+    }
 
 
 def store_from_environ(environ=os.environ):
-    """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a PostgreSQL URL,
-    a libpq string, an SQLite file's path; or None (in memory). The value is never quoted."""
+    """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a
+    PostgreSQL URL,
+    a libpq string, an SQLite file's path; or None (in memory). The value is never
+    quoted."""
     value = environ.get(DB_VARIABLE, "").strip()
     problem = db_mistake(value)
     if problem:
@@ -1871,14 +2476,19 @@ def store_from_environ(environ=os.environ):
     if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
         return PostgresStore(value)
     if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
-        value = value[10:]  # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
-    elif re.match(r"[A-Za-z][\w+.-]*:|:", value):  # mysql://, file:..., :memory:; not served
-        raise ValueError(f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory")
+        # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
+        value = value[10:]
+    # mysql://, file:..., :memory:; not served
+    elif re.match(r"[A-Za-z][\w+.-]*:|:", value):
+        raise ValueError(
+            f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory"
+        )
     return SQLiteStore(value) if value else None
 
 
 def db_mistake(value):
-    """What makes PLANTSTORE_DB none of its forms, or None. A password may be in it: not quoted."""
+    """What makes PLANTSTORE_DB none of its forms, or None. A password may be in it: not
+    quoted."""
     if value.startswith("\ufeff"):
         return "starts with a byte-order mark: save the file that sets it without one"
     if value.startswith(("'", '"')):  # docker --env-file and systemd keep them
@@ -1887,29 +2497,55 @@ def db_mistake(value):
         return "holds a control character"
     if re.match(r"[A-Za-z][\w+.-]*//", value):
         return "looks like a URL without the ':' after its scheme"
-    if re.match("(?i)postgres(ql)?://", value):  # libpq's user-info ends at the first @ before a /
+    # libpq's user-info ends at the first @ before a /
+    if re.match("(?i)postgres(ql)?://", value):
         authority, _, path = value.partition("://")[2].partition("/")
         user_info = authority.rpartition("@")[0]
-        if authority.count("@") > 1 or re.search("[?#]", user_info) or "@" in path.partition(
-                "?")[0] or "#" in value:  # else part of a password is shown, or it is cut short
-            return ("is not a well-formed PostgreSQL URL: in the user name and password, "
-                    "write @ as %40, / as %2F, ? as %3F and # as %23")
+        if (
+            authority.count("@") > 1
+            or re.search("[?#]", user_info)
+            or "@"
+            in path.partition(
+                # else part of a password is shown, or it is cut short
+                "?"
+            )[0]
+            or "#" in value
+        ):
+            return (
+                "is not a well-formed PostgreSQL URL: in the user name and password, "
+                "write @ as %40, / as %2F, ? as %3F and # as %23"
+            )
     return None
 
 
 def unknown_settings(environ=os.environ):
-    """A warning for each PLANTSTORE_* variable that plantstore does not read; never its value."""
-    known = {name[11:]: name for name in (TOKENS_VARIABLE, DB_VARIABLE, WEBHOOK_URL_VARIABLE,
-                                          WEBHOOK_SECRET_VARIABLE, CORS_VARIABLE)}  # DB, TOKENS...
-    return [f"{name} is not a plantstore setting, so it is ignored"
-            + "".join(f"; did you mean {known[close]}?" for close in difflib.get_close_matches(
-                name[11:].upper(), known, 1, 0.4))  # DATABASE: DB
-            for name in sorted(environ) if name.upper().startswith("PLANTSTORE_")
-            and name not in known.values()]
+    """A warning for each PLANTSTORE_* variable that plantstore does not read; never its
+    value."""
+    known = {
+        name[11:]: name
+        for name in (
+            TOKENS_VARIABLE,
+            DB_VARIABLE,
+            WEBHOOK_URL_VARIABLE,
+            # DB, TOKENS...
+            WEBHOOK_SECRET_VARIABLE,
+            CORS_VARIABLE,
+        )
+    }
+    return [
+        f"{name} is not a plantstore setting, so it is ignored"
+        + "".join(
+            f"; did you mean {known[close]}?"
+            for close in difflib.get_close_matches(name[11:].upper(), known, 1, 0.4)
+        )  # DATABASE: DB
+        for name in sorted(environ)
+        if name.upper().startswith("PLANTSTORE_") and name not in known.values()
+    ]
 
 
 def app_from_environ(environ=os.environ, tokens=None):
-    """make_app with what the environment says, once every setting is checked; the start line."""
+    """make_app with what the environment says, once every setting is checked; the start
+    line."""
     for warning in unknown_settings(environ):
         _log(f"warning: {warning}")
     options = options_from_environ(environ)
@@ -1927,13 +2563,19 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         if tokens_from_environ() is None:
-            raise ValueError(f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to "
-                             "accept, comma-separated; plantstore never runs without them")
+            raise ValueError(
+                f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to "
+                "accept, comma-separated; plantstore never runs without them"
+            )
         app = app_from_environ()
-        if app.webhook_sender and built_in_a_worker():  # events from before the start go now
+        # events from before the start go now
+        if app.webhook_sender and built_in_a_worker():
             app.webhook_sender.start_here()
-    except ValueError as problem:  # gunicorn prints its AppImportError in one line, and stops
-        error = getattr(sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError)
+    # gunicorn prints its AppImportError in one line, and stops
+    except ValueError as problem:
+        error = getattr(
+            sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError
+        )
         if "granian" in sys.modules and error is AttributeError:
             error = SystemExit  # granian's worker prints a traceback for anything else
         raise error(str(problem)) from None
@@ -1941,12 +2583,12 @@ def __getattr__(name):
 
 
 ENVIRONMENT_HELP = f"""environment:
-  {TOKENS_VARIABLE}          bearer tokens, comma-separated, {MIN_TOKEN_LENGTH}+ characters each
+  {TOKENS_VARIABLE}          bearer tokens, comma-separated, each {MIN_TOKEN_LENGTH}+
                              (unset: one is made up for this run)
   {DB_VARIABLE}              a postgresql:// URL, a libpq string or an SQLite file
                              (unset: plants are kept in memory)
-  {WEBHOOK_URL_VARIABLE}     URLs, comma-separated, that each new plant is POSTed to (unset: none)
-  {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them: whsec_ and base64
+  {WEBHOOK_URL_VARIABLE}     URLs, comma-separated, each new plant is POSTed to
+  {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them (whsec_...)
   {CORS_VARIABLE}    origins, comma-separated, whose browser pages may call it
 
 more: README.md, or python -m pydoc plantstore"""
@@ -1954,33 +2596,49 @@ more: README.md, or python -m pydoc plantstore"""
 
 def main(argv=None):
     """Run the embedded server: python plantstore.py [--host H] [--port P]."""
-    parser = argparse.ArgumentParser(prog="plantstore", description="Serve the Plant Store API.",
-                                     epilog=ENVIRONMENT_HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="port, 0 for any (%(default)s)")
-    parser.add_argument("--version", action="version", version=f"plantstore {__version__}")
+    parser = argparse.ArgumentParser(
+        prog="plantstore",
+        description="Serve the Plant Store API.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (%(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port, 0 for any (%(default)s)"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"plantstore {__version__}"
+    )
     args = parser.parse_args(argv)
     try:
         tokens = tokens_from_environ()
         if tokens is None:
             tokens = [secrets.token_urlsafe(32)]
-            _log(f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: {tokens[0]}")
+            _log(
+                f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: "
+                + tokens[0]
+            )
         application = app_from_environ(tokens=tokens)
         server = make_server(args.host, args.port, application)
-    except ValueError as error:  # a bad setting: said in one line, and the server does not start
+    # a bad setting: said in one line, and the server does not start
+    except ValueError as error:
         _log(str(error))
         return 2
     except (OSError, OverflowError) as error:
         _log(f"cannot listen on {args.host}:{args.port}: {error}")
         return 2
     with server:
-        for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C; how systemd and containers stop it
-            signal.signal(stop, _interrupt)  # SIGINT too: a shell's background job ignores it
+        # Ctrl-C; how systemd and containers stop it
+        for stop in signal.SIGINT, signal.SIGTERM:
+            # SIGINT too: a shell's background job ignores it
+            signal.signal(stop, _interrupt)
         try:
             host, port = server.server_address[:2]
             _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-            if application.webhook_sender:  # this process serves: events from before go now
+            # this process serves: events from before go now
+            if application.webhook_sender:
                 application.webhook_sender.start_here()
             server.serve_forever()
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
