@@ -3737,13 +3737,13 @@ class RaisingStore:
     def __init__(self, status):
         self.status = status
 
-    def add(self, plant_id, name, tag):
+    def add(self, plant_id, name, tag):  # noqa: ARG002 (Store's signature)
         raise plantstore.HTTPError(self.status, f"the store raised {self.status!r}")
 
-    def page(self, after, limit):
+    def page(self, after, limit):  # noqa: ARG002 (Store's signature)
         return []
 
-    def delete(self, plant_id):
+    def delete(self, plant_id):  # noqa: ARG002 (Store's signature)
         return False
 
 
@@ -3882,7 +3882,7 @@ def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_insta
     _, _, other = embedded(pg_url)
     ending, statuses = time.monotonic() + 4, []
 
-    def flood(n):
+    def flood():
         while time.monotonic() < ending:
             try:
                 statuses.append(exchange(*address, "GET", "/health")[0])
@@ -3890,7 +3890,7 @@ def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_insta
                 # counted: a refused or reset connection is an answer too
                 statuses.append(repr(error))
 
-    clients = [threading.Thread(target=flood, args=(n,)) for n in range(60)]
+    clients = [threading.Thread(target=flood) for _ in range(60)]
     for client in clients:
         client.start()
     held, created = [], None
