@@ -1,4 +1,5 @@
-"""Tests for plantstore: the contract's table of checks, hostile input, threads and real sockets."""
+"""Tests for plantstore: the contract's table of checks, hostile input, threads and real
+sockets."""
 
 import concurrent.futures
 import base64
@@ -47,8 +48,16 @@ import webtest
 from psycopg import sql
 
 import plantstore
-from plantstore import (INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore, PostgresStore, SQLiteStore, make_app,
-                        make_server)
+from plantstore import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_BODY_BYTES,
+    PlantStore,
+    PostgresStore,
+    SQLiteStore,
+    make_app,
+    make_server,
+)
 
 TOKEN = "test-token-1-a7Qm9xZ2"
 OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
@@ -64,7 +73,8 @@ def store():
 
 @pytest.fixture
 def app(store):
-    """A fresh application in WebTest, lint on: anything written to wsgi.errors fails the test."""
+    """A fresh application in WebTest, lint on: anything written to wsgi.errors fails
+    the test."""
     return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
 
 
@@ -78,12 +88,20 @@ def post(app, body, status, *, headers=AUTH, content_type="application/json", **
     """POST body to /plants: bytes as they are, anything else as JSON."""
     if not isinstance(body, bytes):
         body = json.dumps(body)
-    return app.post("/plants", body, headers=headers, content_type=content_type,
-                    status=status, expect_errors=status >= 400, **kwargs)
+    return app.post(
+        "/plants",
+        body,
+        headers=headers,
+        content_type=content_type,
+        status=status,
+        expect_errors=status >= 400,
+        **kwargs,
+    )
 
 
 def assert_error(response, status, message_part=""):
-    """Assert a JSON Error body (spec's Error shape, `error` the status) with a sound Content-Length."""
+    """Assert a JSON Error body (spec's Error shape, `error` the status) with a sound
+    Content-Length."""
     assert response.status_int == status
     assert response.content_type == "application/json"
     assert int(response.headers["Content-Length"]) == len(response.body)
@@ -94,17 +112,29 @@ def assert_error(response, status, message_part=""):
     assert "Traceback" not in response.json["message"]
 
 
-def call(application, *, method="POST", path="/plants", body=b"", environ=None, validate=True):
-    """Call a WSGI application directly, under wsgiref's validator; return (status, headers, body)."""
-    env = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": "",
-           "wsgi.input": io.BytesIO(body),
-           "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
-           "HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+def call(
+    application, *, method="POST", path="/plants", body=b"", environ=None, validate=True
+):
+    """Call a WSGI application directly, under wsgiref's validator; return (status,
+    headers, body)."""
+    env = {
+        "REQUEST_METHOD": method,
+        "SCRIPT_NAME": "",
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "wsgi.input": io.BytesIO(body),
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+        "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+    }
     env.update(environ or {})
-    env = {key: value for key, value in env.items() if value is not None}  # None: leave the key out
+    # None: leave the key out
+    env = {key: value for key, value in env.items() if value is not None}
     setup_testing_defaults(env)
     started = []
-    chunks = (validator(application) if validate else application)(env, lambda status, headers, _exc_info=None: started.append((status, headers)))
+    chunks = (validator(application) if validate else application)(
+        env, lambda status, headers, _exc_info=None: started.append((status, headers))
+    )
     try:
         data = b"".join(chunks)
     finally:
@@ -114,6 +144,7 @@ def call(application, *, method="POST", path="/plants", body=b"", environ=None, 
 
 
 # ---- Creating a plant ----
+
 
 def test_create_returns_the_plant_without_id(app, store):
     response = post(app, {"id": 1, "name": "Fern", "tag": "indoor"}, 200)
@@ -129,7 +160,9 @@ def test_create_without_tag_answers_without_tag(app, store):
 
 
 def test_unknown_fields_are_ignored_and_not_stored(app, store):
-    response = post(app, {"id": 3, "name": "Ivy", "colour": "green", "owner": {"x": [1]}}, 200)
+    response = post(
+        app, {"id": 3, "name": "Ivy", "colour": "green", "owner": {"x": [1]}}, 200
+    )
     assert response.json == {"name": "Ivy"}
     assert stored(store).get(3) == ("Ivy", None)
 
@@ -141,8 +174,11 @@ def test_duplicate_id_is_409_and_keeps_the_first_plant(app, store):
     assert len(stored(store)) == 1
 
 
-@pytest.mark.parametrize("name", ["", " ", "Ficus 🌿", "名前", "a" * 10_000, "\u0000"],
-                         ids=["empty", "space", "emoji", "cjk", "long", "nul-char"])
+@pytest.mark.parametrize(
+    "name",
+    ["", " ", "Ficus 🌿", "名前", "a" * 10_000, "\u0000"],
+    ids=["empty", "space", "emoji", "cjk", "long", "nul-char"],
+)
 def test_any_string_is_a_name_and_round_trips(app, store, name):
     response = post(app, {"id": 9, "name": name, "tag": name}, 200)
     assert response.body.isascii()  # ensure_ascii: escapes, never raw bytes
@@ -156,13 +192,16 @@ def test_lone_surrogate_in_name_is_stored_and_escaped(app, store):
     assert stored(store).get(10) == ("\ud800", "\udfff")
 
 
-# ---- The core alone: the file cut at its "Optional parts" banner is a whole service ----
+# ---- The core alone: the file cut at "Optional parts" is a whole service ----
+
 
 def test_the_core_cut_at_the_banner_serves_the_request_path_alone(tmp_path, capfd):
     source = (HERE / "plantstore.py").read_text(encoding="utf-8")
     cut = source.index("\n# ---- Optional parts")
     (tmp_path / "core.py").write_text(source[:cut], encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("plantstore_core", tmp_path / "core.py")
+    spec = importlib.util.spec_from_file_location(
+        "plantstore_core", tmp_path / "core.py"
+    )
     core = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(core)
     assert capfd.readouterr() == ("", "")  # importing it printed nothing
@@ -170,24 +209,42 @@ def test_the_core_cut_at_the_banner_serves_the_request_path_alone(tmp_path, capf
     application = core.Application([TOKEN], max_body_bytes=64)
     fern = json.dumps({"id": 1, "name": "Fern"}).encode()
     assert call(application, body=fern) == (200, ANY_HEADERS, {"name": "Fern"})
-    assert call(application, body=fern)[::2] == (409, {"error": 409, "message": ANY_TEXT})
+    assert call(application, body=fern)[::2] == (
+        409,
+        {"error": 409, "message": ANY_TEXT},
+    )
     assert call(application, body=b"{")[0] == 400
-    status, headers, _ = call(application, body=fern, environ={"HTTP_AUTHORIZATION": None})
+    status, headers, _ = call(
+        application, body=fern, environ={"HTTP_AUTHORIZATION": None}
+    )
     assert (status, headers["WWW-Authenticate"]) == (401, 'Bearer realm="plantstore"')
-    assert call(application, body=fern, environ={"CONTENT_TYPE": "text/plain"})[0] == 415
+    assert (
+        call(application, body=fern, environ={"CONTENT_TYPE": "text/plain"})[0] == 415
+    )
     assert call(application, body=b"x" * 65)[0] == 413
     call(application, body=json.dumps({"id": 2, "name": "Ivy", "tag": "t"}).encode())
-    assert call(application, method="GET")[2] == [{"name": "Fern"}, {"name": "Ivy", "tag": "t"}]
-    status, headers, page = call(application, method="GET", environ={"QUERY_STRING": "limit=1"})
-    assert page == [{"name": "Fern"}] and headers["Link"].startswith("</plants?limit=1&after=")
+    assert call(application, method="GET")[2] == [
+        {"name": "Fern"},
+        {"name": "Ivy", "tag": "t"},
+    ]
+    status, headers, page = call(
+        application, method="GET", environ={"QUERY_STRING": "limit=1"}
+    )
+    assert page == [{"name": "Fern"}] and headers["Link"].startswith(
+        "</plants?limit=1&after="
+    )
     head = call(application, method="HEAD", environ={"QUERY_STRING": "limit=1"})
     assert head == (200, headers, None)  # GET's headers, no body
-    assert call(application, method="OPTIONS")[:2] == (204, {"Allow": "GET, HEAD, OPTIONS, POST"})
+    assert call(application, method="OPTIONS")[:2] == (
+        204,
+        {"Allow": "GET, HEAD, OPTIONS, POST"},
+    )
     assert call(application, method="PUT")[1]["Allow"] == "GET, HEAD, OPTIONS, POST"
     assert call(application, method="DELETE", path="/plants/1")[0] == 204
     assert call(application, method="DELETE", path="/plants/1")[0] == 404
-    assert call(application, method="GET", path="/health", environ={"HTTP_AUTHORIZATION": None}) \
-        == (200, ANY_HEADERS, {"status": "ok"})
+    assert call(
+        application, method="GET", path="/health", environ={"HTTP_AUTHORIZATION": None}
+    ) == (200, ANY_HEADERS, {"status": "ok"})
 
 
 class _Anything:
@@ -203,9 +260,13 @@ ANY_HEADERS, ANY_TEXT = _Anything(dict), _Anything(str)
 
 # ---- The health check, for load balancers ----
 
+
 def test_health_needs_no_token_and_says_ok(any_app):
     response = any_app.get("/health", status=200)
-    assert response.json == {"status": "ok"} and response.content_type == "application/json"
+    assert (
+        response.json == {"status": "ok"}
+        and response.content_type == "application/json"
+    )
     assert any_app.head("/health", status=200).body == b""
 
 
@@ -225,22 +286,49 @@ def test_health_is_503_with_retry_after_while_postgres_is_away(postgres, pg_url)
 
 # ---- Routes and methods come before authentication ----
 
-@pytest.mark.parametrize("path", ["/", "/plants/", "/plant", "/plants/1/x", "/plants//1", "/PLANTS", "/plants.json",
-                                  "//plants", "/plants/1/"])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/plants/",
+        "/plant",
+        "/plants/1/x",
+        "/plants//1",
+        "/PLANTS",
+        "/plants.json",
+        "//plants",
+        "/plants/1/",
+    ],
+)
 def test_unknown_path_is_404_before_auth(app, path):
-    response = app.post(path, "{}", content_type="application/json", status=404, expect_errors=True)
+    response = app.post(
+        path, "{}", content_type="application/json", status=404, expect_errors=True
+    )
     assert_error(response, 404)
     assert "WWW-Authenticate" not in response.headers
 
 
-PLANTS_ALLOW, PLANT_ALLOW, DOCUMENT_ALLOW = "GET, HEAD, OPTIONS, POST", "DELETE, OPTIONS", "GET, HEAD, OPTIONS"
+PLANTS_ALLOW, PLANT_ALLOW, DOCUMENT_ALLOW = (
+    "GET, HEAD, OPTIONS, POST",
+    "DELETE, OPTIONS",
+    "GET, HEAD, OPTIONS",
+)
 
 
-@pytest.mark.parametrize("path, method, allow", [
-    ("/plants", "PUT", PLANTS_ALLOW), ("/plants", "PATCH", PLANTS_ALLOW), ("/plants", "DELETE", PLANTS_ALLOW),
-    ("/plants", "TRACE", PLANTS_ALLOW), ("/plants/1", "GET", PLANT_ALLOW), ("/plants/1", "POST", PLANT_ALLOW),
-    ("/plants/1", "PUT", PLANT_ALLOW), ("/plants/abc", "PATCH", PLANT_ALLOW),
-])
+@pytest.mark.parametrize(
+    "path, method, allow",
+    [
+        ("/plants", "PUT", PLANTS_ALLOW),
+        ("/plants", "PATCH", PLANTS_ALLOW),
+        ("/plants", "DELETE", PLANTS_ALLOW),
+        ("/plants", "TRACE", PLANTS_ALLOW),
+        ("/plants/1", "GET", PLANT_ALLOW),
+        ("/plants/1", "POST", PLANT_ALLOW),
+        ("/plants/1", "PUT", PLANT_ALLOW),
+        ("/plants/abc", "PATCH", PLANT_ALLOW),
+    ],
+)
 def test_other_methods_are_405_with_allow_before_auth(app, path, method, allow):
     response = app.request(path, method=method, status=405, expect_errors=True)
     assert_error(response, 405)
@@ -248,30 +336,64 @@ def test_other_methods_are_405_with_allow_before_auth(app, path, method, allow):
     assert "WWW-Authenticate" not in response.headers
 
 
-
 # ---- HEAD, OPTIONS and CORS ----
 
-@pytest.mark.parametrize("path, headers, status", [
-    ("/plants?limit=5", AUTH, 200), ("/plants", AUTH, 200), ("/openapi.json", {}, 200), ("/plants", {}, 401),
-    ("/nope", AUTH, 404), ("/plants/1", AUTH, 405), ("/plants?limit=x", AUTH, 400),
-], ids=["page", "streamed-listing", "document", "no-token", "unknown-path", "no-GET-there", "bad-limit"])
+
+@pytest.mark.parametrize(
+    "path, headers, status",
+    [
+        ("/plants?limit=5", AUTH, 200),
+        ("/plants", AUTH, 200),
+        ("/openapi.json", {}, 200),
+        ("/plants", {}, 401),
+        ("/nope", AUTH, 404),
+        ("/plants/1", AUTH, 405),
+        ("/plants?limit=x", AUTH, 400),
+    ],
+    ids=[
+        "page",
+        "streamed-listing",
+        "document",
+        "no-token",
+        "unknown-path",
+        "no-GET-there",
+        "bad-limit",
+    ],
+)
 def test_head_answers_as_get_would_without_a_body(store, path, headers, status):
     store.add(1, "Fern", None)
     environ = {"HTTP_AUTHORIZATION": headers.get("Authorization", "")}
-    got, got_headers, body = call(make_app([TOKEN], store=store), method="HEAD", path=path.partition("?")[0],
-                                  environ={**environ, "QUERY_STRING": path.partition("?")[2]})
-    expected = call(make_app([TOKEN], store=store), method="GET", path=path.partition("?")[0],
-                    environ={**environ, "QUERY_STRING": path.partition("?")[2]})
+    got, got_headers, body = call(
+        make_app([TOKEN], store=store),
+        method="HEAD",
+        path=path.partition("?")[0],
+        environ={**environ, "QUERY_STRING": path.partition("?")[2]},
+    )
+    expected = call(
+        make_app([TOKEN], store=store),
+        method="GET",
+        path=path.partition("?")[0],
+        environ={**environ, "QUERY_STRING": path.partition("?")[2]},
+    )
     assert got == status == expected[0] and body is None  # no body bytes at all
     assert got_headers == expected[1]  # Content-Length included: what GET would send
 
 
-@pytest.mark.parametrize("path, allow", [("/plants", PLANTS_ALLOW), ("/plants/7", PLANT_ALLOW),
-                                         ("/openapi.json", DOCUMENT_ALLOW)])
+@pytest.mark.parametrize(
+    "path, allow",
+    [
+        ("/plants", PLANTS_ALLOW),
+        ("/plants/7", PLANT_ALLOW),
+        ("/openapi.json", DOCUMENT_ALLOW),
+    ],
+)
 def test_options_answers_204_with_allow_without_a_token(app, path, allow):
     response = app.options(path, status=204)
     assert response.headers["Allow"] == allow and response.body == b""
-    assert "Content-Type" not in response.headers and "Content-Length" not in response.headers
+    assert (
+        "Content-Type" not in response.headers
+        and "Content-Length" not in response.headers
+    )
     assert not any(name.startswith("Access-Control") for name in response.headers)
 
 
@@ -280,64 +402,119 @@ ORIGIN = "https://playground.example"
 
 @pytest.fixture
 def cors_app(store):
-    return webtest.TestApp(make_app([TOKEN], store=store, cors_origins=[ORIGIN, "http://localhost:3000"]))
+    return webtest.TestApp(
+        make_app([TOKEN], store=store, cors_origins=[ORIGIN, "http://localhost:3000"])
+    )
 
 
 def test_a_preflight_from_a_listed_origin_is_answered(cors_app):
-    response = cors_app.options("/plants", headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                                                    "Access-Control-Request-Headers": "authorization, content-type"},
-                                status=204)
+    response = cors_app.options(
+        "/plants",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+        status=204,
+    )
     assert response.headers["Access-Control-Allow-Origin"] == ORIGIN
     assert response.headers["Access-Control-Allow-Methods"] == PLANTS_ALLOW
-    assert response.headers["Access-Control-Allow-Headers"] == "Authorization, Content-Type"
-    assert int(response.headers["Access-Control-Max-Age"]) > 0 and response.headers["Vary"] == "Origin"
+    assert (
+        response.headers["Access-Control-Allow-Headers"]
+        == "Authorization, Content-Type"
+    )
+    assert (
+        int(response.headers["Access-Control-Max-Age"]) > 0
+        and response.headers["Vary"] == "Origin"
+    )
 
 
 def test_answers_to_a_listed_origin_carry_cors_headers_errors_too(cors_app):
-    created = post(cors_app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, "Origin": ORIGIN})
+    created = post(
+        cors_app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, "Origin": ORIGIN}
+    )
     refused = post(cors_app, {"id": 2, "name": "Ivy"}, 401, headers={"Origin": ORIGIN})
     for response in created, refused:
-        assert response.headers["Access-Control-Allow-Origin"] == ORIGIN and response.headers["Vary"] == "Origin"
+        assert (
+            response.headers["Access-Control-Allow-Origin"] == ORIGIN
+            and response.headers["Vary"] == "Origin"
+        )
         assert "Link" in response.headers["Access-Control-Expose-Headers"]
 
 
-@pytest.mark.parametrize("origin", ["https://evil.example", "https://playground.example.evil", "null", None])
+@pytest.mark.parametrize(
+    "origin", ["https://evil.example", "https://playground.example.evil", "null", None]
+)
 def test_other_origins_get_no_cors_headers(cors_app, origin):
     headers = {"Origin": origin} if origin else {}
-    preflight = cors_app.options("/plants", headers={**headers, "Access-Control-Request-Method": "POST"}, status=204)
-    created = post(cors_app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, **headers})
+    preflight = cors_app.options(
+        "/plants",
+        headers={**headers, "Access-Control-Request-Method": "POST"},
+        status=204,
+    )
+    created = post(
+        cors_app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, **headers}
+    )
     for response in preflight, created:
         assert not any(name.startswith("Access-Control") for name in response.headers)
-        assert response.headers["Vary"] == "Origin"  # the answer to a listed origin differs: caches must know
+        # the answer to a listed origin differs: caches must know
+        assert response.headers["Vary"] == "Origin"
 
 
 def test_without_cors_origins_nothing_changes(app):
-    response = post(app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, "Origin": ORIGIN})
-    assert not any(name.startswith("Access-Control") for name in response.headers) and "Vary" not in response.headers
+    response = post(
+        app, {"id": 1, "name": "Fern"}, 200, headers={**AUTH, "Origin": ORIGIN}
+    )
+    assert (
+        not any(name.startswith("Access-Control") for name in response.headers)
+        and "Vary" not in response.headers
+    )
 
 
-
-@pytest.mark.parametrize("origin", ["*", "https://playground.example/", "https://playground.example/docs",
-                                    "playground.example", "ftp://playground.example"])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "*",
+        "https://playground.example/",
+        "https://playground.example/docs",
+        "playground.example",
+        "ftp://playground.example",
+    ],
+)
 def test_make_app_refuses_an_origin_no_browser_sends(origin):
     with pytest.raises(ValueError, match="must be one a browser sends"):
         make_app([TOKEN], cors_origins=[origin])
 
+
 def test_a_chunked_body_the_server_does_not_frame_is_411():
-    status, headers, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={
-        "CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"})
-    assert status == 411 and body["error"] == 411 and "Content-Length" in body["message"]
+    status, headers, body = call(
+        make_app([TOKEN]),
+        body=b'{"id": 1, "name": "x"}',
+        environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"},
+    )
+    assert (
+        status == 411 and body["error"] == 411 and "Content-Length" in body["message"]
+    )
 
 
-@pytest.mark.parametrize("script_name, url", [("", "/"), ("/api", "/api"), ("/plant store", "/plant%20store")])
+@pytest.mark.parametrize(
+    "script_name, url",
+    [("", "/"), ("/api", "/api"), ("/plant store", "/plant%20store")],
+)
 def test_the_documents_servers_say_where_the_app_is_mounted(store, script_name, url):
-    document = webtest.TestApp(make_app([TOKEN], store=store)).get(
-        "/openapi.json", extra_environ={"SCRIPT_NAME": script_name}, status=200).json
+    document = (
+        webtest.TestApp(make_app([TOKEN], store=store))
+        .get("/openapi.json", extra_environ={"SCRIPT_NAME": script_name}, status=200)
+        .json
+    )
     assert document["servers"] == [{"url": url}]
+
 
 def test_mounted_under_a_prefix_answers_as_at_the_root(store):
     """Routing uses PATH_INFO alone, so SCRIPT_NAME can be anything."""
-    mounted = webtest.TestApp(make_app([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"})
+    mounted = webtest.TestApp(
+        make_app([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"}
+    )
     assert post(mounted, {"id": 1, "name": "Moss"}, 200).json == {"name": "Moss"}
     assert_error(mounted.post("/other", status=404, expect_errors=True), 404)
     assert stored(store).get(1) == ("Moss", None)
@@ -346,7 +523,9 @@ def test_mounted_under_a_prefix_answers_as_at_the_root(store):
 def test_mounted_behind_a_dispatcher(store):
     """A parent app shifts /api off the path, as a real WSGI stack would."""
     parent = mounted_at_api(make_app([TOKEN], store=store))
-    status, _, body = call(parent, path="/api/plants", body=b'{"id": 4, "name": "Sage"}')
+    status, _, body = call(
+        parent, path="/api/plants", body=b'{"id": 4, "name": "Sage"}'
+    )
     assert (status, body) == (200, {"name": "Sage"})
     assert stored(store).get(4) == ("Sage", None)
 
@@ -361,11 +540,25 @@ BAD_AUTH = [
     pytest.param({"Authorization": "Bearer    "}, None, id="bearer-spaces"),
     pytest.param({"Authorization": ""}, None, id="empty-header"),
     pytest.param({"Authorization": "Bearer nope"}, "invalid_token", id="wrong-token"),
-    pytest.param({"Authorization": f"Bearer {TOKEN}x"}, "invalid_token", id="token-prefix-of-sent"),
-    pytest.param({"Authorization": f"Bearer {TOKEN[:-1]}"}, "invalid_token", id="token-truncated"),
-    pytest.param({"Authorization": f"Bearer {TOKEN.upper()}"}, "invalid_token", id="token-case-changed"),
-    pytest.param({"Authorization": f"Bearer {TOKEN} {TOKEN}"}, "invalid_token", id="token-twice"),
-    pytest.param({"Authorization": "Bearer t\u00e9st"}, "invalid_token", id="latin-1-token"),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN}x"},
+        "invalid_token",
+        id="token-prefix-of-sent",
+    ),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN[:-1]}"}, "invalid_token", id="token-truncated"
+    ),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN.upper()}"},
+        "invalid_token",
+        id="token-case-changed",
+    ),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN} {TOKEN}"}, "invalid_token", id="token-twice"
+    ),
+    pytest.param(
+        {"Authorization": "Bearer t\u00e9st"}, "invalid_token", id="latin-1-token"
+    ),
 ]
 
 
@@ -380,9 +573,23 @@ def test_bad_credentials_are_401_with_challenge(app, store, headers, error):
     assert len(stored(store)) == 0
 
 
-@pytest.mark.parametrize("value", [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}",
-                                   f"Bearer   {TOKEN}", f"Bearer {OTHER_TOKEN}"],
-                         ids=["canonical", "lower-case-scheme", "upper-case-scheme", "extra-spaces", "second-token"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"Bearer {TOKEN}",
+        f"bearer {TOKEN}",
+        f"BEARER {TOKEN}",
+        f"Bearer   {TOKEN}",
+        f"Bearer {OTHER_TOKEN}",
+    ],
+    ids=[
+        "canonical",
+        "lower-case-scheme",
+        "upper-case-scheme",
+        "extra-spaces",
+        "second-token",
+    ],
+)
 def test_accepted_credentials(app, value):
     post(app, {"id": 1, "name": "Fern"}, 200, headers={"Authorization": value})
 
@@ -402,17 +609,34 @@ class ExplodingInput(io.BytesIO):
 
 
 def test_401_never_reads_the_body():
-    status, headers, body = call(make_app([TOKEN]), environ={
-        "HTTP_AUTHORIZATION": "Bearer wrong", "wsgi.input": ExplodingInput(), "CONTENT_LENGTH": "10"})
+    status, headers, body = call(
+        make_app([TOKEN]),
+        environ={
+            "HTTP_AUTHORIZATION": "Bearer wrong",
+            "wsgi.input": ExplodingInput(),
+            "CONTENT_LENGTH": "10",
+        },
+    )
     assert status == 401 and body["error"] == 401
 
 
 # ---- Media type ----
 
-@pytest.mark.parametrize("content_type", ["text/plain", "", "text/plain;application/json",
-                                          "application/jsonp", "application/json-patch+json",
-                                          "application/x-www-form-urlencoded", "multipart/form-data",
-                                          "application/ json", "json"])
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "",
+        "text/plain;application/json",
+        "application/jsonp",
+        "application/json-patch+json",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+        "application/ json",
+        "json",
+    ],
+)
 def test_other_media_types_are_415_with_accept(app, store, content_type):
     response = post(app, {"id": 1, "name": "Fern"}, 415, content_type=content_type)
     assert_error(response, 415, "application/json")
@@ -420,34 +644,76 @@ def test_other_media_types_are_415_with_accept(app, store, content_type):
     assert len(stored(store)) == 0
 
 
-@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON",
-                                          "application/json;charset=UTF-8", "application/json ; x=y"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/json; charset=utf-8",
+        "Application/JSON",
+        "application/json;charset=UTF-8",
+        "application/json ; x=y",
+    ],
+)
 def test_json_media_type_with_parameters_or_any_case_is_accepted(app, content_type):
     post(app, {"id": 1, "name": "Fern"}, 200, content_type=content_type)
 
 
 def test_missing_content_type_is_415():
-    status, headers, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={"CONTENT_TYPE": ""})
-    assert status == 415 and headers["Accept"] == "application/json" and body["error"] == 415
+    status, headers, body = call(
+        make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={"CONTENT_TYPE": ""}
+    )
+    assert (
+        status == 415
+        and headers["Accept"] == "application/json"
+        and body["error"] == 415
+    )
 
 
 # ---- Content-Length and size (raw WSGI: WebTest would fix these headers) ----
 
-@pytest.mark.parametrize("value", ["abc", "-1", "+5", " 5", "5 ", "1e3", "0x10", "\u0663", "1_0", "5.0"],
-                         ids=["letters", "negative", "plus", "leading-space", "trailing-space", "exponent",
-                              "hex", "arabic-digit", "underscore", "decimal"])
+
+@pytest.mark.parametrize(
+    "value",
+    ["abc", "-1", "+5", " 5", "5 ", "1e3", "0x10", "\u0663", "1_0", "5.0"],
+    ids=[
+        "letters",
+        "negative",
+        "plus",
+        "leading-space",
+        "trailing-space",
+        "exponent",
+        "hex",
+        "arabic-digit",
+        "underscore",
+        "decimal",
+    ],
+)
 def test_malformed_content_length_is_400(value):
-    # wsgiref's validator refuses such an environ itself, but wsgiref's server passes the header through.
-    status, _, body = call(make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={"CONTENT_LENGTH": value},
-                           validate=False)
-    assert status == 400 and body == {"error": 400, "message": "Content-Length must be a non-negative integer"}
+    # wsgiref's validator refuses such an environ itself, but wsgiref's server passes
+    # the header through.
+    status, _, body = call(
+        make_app([TOKEN]),
+        body=b'{"id": 1, "name": "x"}',
+        environ={"CONTENT_LENGTH": value},
+        validate=False,
+    )
+    assert status == 400 and body == {
+        "error": 400,
+        "message": "Content-Length must be a non-negative integer",
+    }
 
 
 @pytest.mark.parametrize("value", ["", None], ids=["empty-string", "absent"])
 def test_no_content_length_means_an_empty_body(value):
-    """PEP 3333: CONTENT_LENGTH may be empty or absent, and then the app must not read wsgi.input."""
-    status, _, body = call(make_app([TOKEN]), environ={"CONTENT_LENGTH": value, "wsgi.input": ExplodingInput()})
-    assert status == 400 and body == {"error": 400, "message": "request body is empty: send a NewPlant JSON object"}
+    """PEP 3333: CONTENT_LENGTH may be empty or absent, and then the app must not read
+    wsgi.input."""
+    status, _, body = call(
+        make_app([TOKEN]),
+        environ={"CONTENT_LENGTH": value, "wsgi.input": ExplodingInput()},
+    )
+    assert status == 400 and body == {
+        "error": 400,
+        "message": "request body is empty: send a NewPlant JSON object",
+    }
 
 
 def _body_of_size(size, plant_id=1):
@@ -462,7 +728,9 @@ def test_body_at_the_limit_is_accepted(app, store):
 
 
 def test_body_one_byte_over_the_limit_is_413(app, store):
-    assert_error(post(app, _body_of_size(MAX_BODY_BYTES + 1), 413), 413, str(MAX_BODY_BYTES))
+    assert_error(
+        post(app, _body_of_size(MAX_BODY_BYTES + 1), 413), 413, str(MAX_BODY_BYTES)
+    )
     assert len(stored(store)) == 0
 
 
@@ -477,34 +745,53 @@ def test_a_zero_limit_refuses_every_body():
     assert call(make_app([TOKEN], max_body_bytes=0), body=b"{}")[0] == 413
 
 
-@pytest.mark.parametrize("value", [str(MAX_BODY_BYTES + 1), "9" * 30, "9" * 5000], ids=["limit+1", "30-digits", "5000-digits"])
+@pytest.mark.parametrize(
+    "value",
+    [str(MAX_BODY_BYTES + 1), "9" * 30, "9" * 5000],
+    ids=["limit+1", "30-digits", "5000-digits"],
+)
 def test_oversized_content_length_is_413_without_reading(value):
-    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": ExplodingInput(), "CONTENT_LENGTH": value},
-                           validate=len(value) < 4300)  # the validator's own int() refuses 5,000 digits
+    status, _, body = call(
+        make_app([TOKEN]),
+        environ={"wsgi.input": ExplodingInput(), "CONTENT_LENGTH": value},
+        # the validator's own int() refuses 5,000 digits
+        validate=len(value) < 4300,
+    )
     assert status == 413 and body["error"] == 413
 
 
 def test_leading_zeros_in_content_length_are_digits():
     document = b'{"id": 1, "name": "x"}'
-    status, _, body = call(make_app([TOKEN]), body=document, environ={"CONTENT_LENGTH": "0" * 40 + str(len(document))})
+    status, _, body = call(
+        make_app([TOKEN]),
+        body=document,
+        environ={"CONTENT_LENGTH": "0" * 40 + str(len(document))},
+    )
     assert (status, body) == (200, {"name": "x"})
 
 
 def test_body_is_never_read_past_content_length():
     document = b'{"id": 1, "name": "x"}'
     stream = io.BytesIO(document + b"GARBAGE THAT BELONGS TO THE NEXT REQUEST")
-    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": stream, "CONTENT_LENGTH": str(len(document))})
+    status, _, body = call(
+        make_app([TOKEN]),
+        environ={"wsgi.input": stream, "CONTENT_LENGTH": str(len(document))},
+    )
     assert (status, body) == (200, {"name": "x"})
     assert stream.read() == b"GARBAGE THAT BELONGS TO THE NEXT REQUEST"
 
 
 def test_body_shorter_than_content_length_is_400():
-    status, _, body = call(make_app([TOKEN]), environ={"wsgi.input": io.BytesIO(b'{"id": 1}'), "CONTENT_LENGTH": "50"})
+    status, _, body = call(
+        make_app([TOKEN]),
+        environ={"wsgi.input": io.BytesIO(b'{"id": 1}'), "CONTENT_LENGTH": "50"},
+    )
     assert status == 400 and "shorter" in body["message"]
 
 
 class FailingInput(io.BytesIO):
-    """A wsgi.input whose read() raises, as a server's stream does on a stall or a broken chunk."""
+    """A wsgi.input whose read() raises, as a server's stream does on a stall or a
+    broken chunk."""
 
     def __init__(self, error):
         super().__init__()
@@ -518,21 +805,46 @@ class ChunkParseError(Exception):
     """Like gunicorn's parse errors for a malformed chunked body: not an OSError."""
 
 
-@pytest.mark.parametrize("error, status", [(TimeoutError("timed out"), 408), (ConnectionResetError(), 400),
-                                           (ChunkParseError("bad chunk size"), 400)],
-                         ids=["timeout", "hang-up", "bad-chunk"])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (TimeoutError("timed out"), 408),
+        (ConnectionResetError(), 400),
+        (ChunkParseError("bad chunk size"), 400),
+    ],
+    ids=["timeout", "hang-up", "bad-chunk"],
+)
 def test_a_body_the_server_cannot_read_is_4xx_not_500(error, status):
-    for environ in ({"CONTENT_LENGTH": "50"}, {"CONTENT_LENGTH": None, "wsgi.input_terminated": True}):
-        got, _, body = call(make_app([TOKEN]), environ={"wsgi.input": FailingInput(error), **environ})
-        assert got == status and body["error"] == status and "bad chunk" not in body["message"]
+    for environ in (
+        {"CONTENT_LENGTH": "50"},
+        {"CONTENT_LENGTH": None, "wsgi.input_terminated": True},
+    ):
+        got, _, body = call(
+            make_app([TOKEN]), environ={"wsgi.input": FailingInput(error), **environ}
+        )
+        assert (
+            got == status
+            and body["error"] == status
+            and "bad chunk" not in body["message"]
+        )
 
 
-@pytest.mark.parametrize("size, status", [(MAX_BODY_BYTES, 200), (MAX_BODY_BYTES + 1, 413), (10 * MAX_BODY_BYTES, 413)])
+@pytest.mark.parametrize(
+    "size, status",
+    [(MAX_BODY_BYTES, 200), (MAX_BODY_BYTES + 1, 413), (10 * MAX_BODY_BYTES, 413)],
+)
 def test_chunked_body_is_read_up_to_one_byte_past_the_limit(size, status):
-    """Without CONTENT_LENGTH, a server that sets wsgi.input_terminated (gunicorn) lets the app read to EOF."""
+    """Without CONTENT_LENGTH, a server that sets wsgi.input_terminated (gunicorn) lets
+    the app read to EOF."""
     stream = io.BytesIO(_body_of_size(size))
-    got, _, body = call(make_app([TOKEN]),
-                        environ={"wsgi.input": stream, "wsgi.input_terminated": True, "CONTENT_LENGTH": None})
+    got, _, body = call(
+        make_app([TOKEN]),
+        environ={
+            "wsgi.input": stream,
+            "wsgi.input_terminated": True,
+            "CONTENT_LENGTH": None,
+        },
+    )
     assert got == status and stream.tell() <= MAX_BODY_BYTES + 1
 
 
@@ -559,34 +871,51 @@ BAD_JSON = [
     pytest.param(b'{"id": 1, "name": "\xff"}', id="invalid-utf8"),
     pytest.param(b'{"id": 1, "name": "\xed\xa0\x80"}', id="utf8-encoded-surrogate"),
     pytest.param(b'{"id": 1, "name": "\xc0\xaf"}', id="overlong-utf8"),
-    pytest.param("{\"id\": 1, \"name\": \"Fern\"}".encode("utf-16"), id="utf-16"),
+    pytest.param('{"id": 1, "name": "Fern"}'.encode("utf-16"), id="utf-16"),
     pytest.param(b'\xef\xbb\xbf{"id": 1, "name": "Fern"}', id="utf8-bom"),
     pytest.param(b'{"id": NaN, "name": "Fern"}', id="nan-id"),
     pytest.param(b'{"id": Infinity, "name": "Fern"}', id="infinity-id"),
     pytest.param(b'{"id": -Infinity, "name": "Fern"}', id="minus-infinity-id"),
     pytest.param(b'{"id": 1, "name": "Fern", "x": NaN}', id="nan-elsewhere"),
     pytest.param(b'{"id": 1, "name": "Fern", "id": 2}', id="duplicate-key"),
-    pytest.param(b'{"id": 1, "name": "Fern", "x": {"a": 1, "a": 1}}', id="duplicate-nested-key"),
+    pytest.param(
+        b'{"id": 1, "name": "Fern", "x": {"a": 1, "a": 1}}', id="duplicate-nested-key"
+    ),
     pytest.param(b"[" * 20_000 + b"]" * 20_000, id="20000-nested-arrays"),
     pytest.param(b'{"a":' * 20_000 + b"1" + b"}" * 20_000, id="20000-nested-objects"),
     pytest.param(b"[" * 20_000, id="20000-unclosed-arrays"),
     pytest.param(b'{"id": ' + b"1" * 5000 + b', "name": "Fern"}', id="5000-digit-id"),
-    pytest.param(b'{"id": 1, "name": "Fern", "x": ' + b"9" * 5000 + b"}", id="5000-digit-elsewhere"),
-    pytest.param(b'{"id": 1E+9999999999999999999999, "name": "Fern"}', id="exponent-beyond-decimal"),
-    pytest.param(b'{"id": 1, "name": "Fern", "x": 1e-9999999999999999999999}', id="tiny-exponent-elsewhere"),
+    pytest.param(
+        b'{"id": 1, "name": "Fern", "x": ' + b"9" * 5000 + b"}",
+        id="5000-digit-elsewhere",
+    ),
+    pytest.param(
+        b'{"id": 1E+9999999999999999999999, "name": "Fern"}',
+        id="exponent-beyond-decimal",
+    ),
+    pytest.param(
+        b'{"id": 1, "name": "Fern", "x": 1e-9999999999999999999999}',
+        id="tiny-exponent-elsewhere",
+    ),
 ]
 
 
 @pytest.mark.parametrize("body", BAD_JSON)
 def test_malformed_json_is_400(store, body):
-    roomy = webtest.TestApp(make_app([TOKEN], store=store, max_body_bytes=len(body) + 1))  # deep nesting is long
+    # deep nesting is long
+    roomy = webtest.TestApp(
+        make_app([TOKEN], store=store, max_body_bytes=len(body) + 1)
+    )
     assert_error(post(roomy, body, 400), 400)
     assert len(stored(store)) == 0
 
 
 def test_json_error_message_does_not_echo_input(app):
     response = post(app, b'{"id": 1, "name": "SECRET-VALUE" oops}', 400)
-    assert "SECRET-VALUE" not in response.text and "not valid JSON" in response.json["message"]
+    assert (
+        "SECRET-VALUE" not in response.text
+        and "not valid JSON" in response.json["message"]
+    )
 
 
 # ---- Shape: NewPlant ----
@@ -600,28 +929,52 @@ BAD_SHAPES = [
     pytest.param([], "JSON object", id="empty-array"),
     pytest.param(None, "JSON object", id="null"),
     pytest.param([{"id": 1, "name": "Fern"}], "JSON object", id="array-of-plant"),
-    pytest.param(json.dumps({"id": 1, "name": "Fern"}), "JSON object", id="string-of-json"),
+    pytest.param(
+        json.dumps({"id": 1, "name": "Fern"}), "JSON object", id="string-of-json"
+    ),
     pytest.param({}, "'id' is required", id="empty-object"),
     pytest.param({"name": "Fern"}, "'id' is required", id="missing-id"),
     pytest.param({"id": 1}, "'name' is required", id="missing-name"),
     pytest.param({"ID": 1, "Name": "Fern"}, "'id' is required", id="wrong-case-keys"),
     pytest.param({"id": None, "name": "Fern"}, "'id' must be an integer", id="null-id"),
     pytest.param({"id": 1, "name": None}, "'name' must be a string", id="null-name"),
-    pytest.param({"id": 1, "name": "Fern", "tag": None}, "'tag' must be a string", id="null-tag"),
+    pytest.param(
+        {"id": 1, "name": "Fern", "tag": None}, "'tag' must be a string", id="null-tag"
+    ),
     pytest.param({"id": True, "name": "Fern"}, "'id' must be an integer", id="true-id"),
-    pytest.param({"id": False, "name": "Fern"}, "'id' must be an integer", id="false-id"),
-    pytest.param({"id": "7", "name": "Fern"}, "'id' must be an integer", id="string-id"),
-    pytest.param({"id": 7.5, "name": "Fern"}, "'id' must be an integer", id="fractional-id"),
+    pytest.param(
+        {"id": False, "name": "Fern"}, "'id' must be an integer", id="false-id"
+    ),
+    pytest.param(
+        {"id": "7", "name": "Fern"}, "'id' must be an integer", id="string-id"
+    ),
+    pytest.param(
+        {"id": 7.5, "name": "Fern"}, "'id' must be an integer", id="fractional-id"
+    ),
     pytest.param({"id": [1], "name": "Fern"}, "'id' must be an integer", id="array-id"),
-    pytest.param({"id": {"n": 1}, "name": "Fern"}, "'id' must be an integer", id="object-id"),
+    pytest.param(
+        {"id": {"n": 1}, "name": "Fern"}, "'id' must be an integer", id="object-id"
+    ),
     pytest.param({"id": 1, "name": 5}, "'name' must be a string", id="number-name"),
-    pytest.param({"id": 1, "name": ["Fern"]}, "'name' must be a string", id="array-name"),
+    pytest.param(
+        {"id": 1, "name": ["Fern"]}, "'name' must be a string", id="array-name"
+    ),
     pytest.param({"id": 1, "name": False}, "'name' must be a string", id="false-name"),
-    pytest.param({"id": 1, "name": "Fern", "tag": 5}, "'tag' must be a string", id="number-tag"),
-    pytest.param({"id": 1, "name": "Fern", "tag": False}, "'tag' must be a string", id="false-tag"),
-    pytest.param({"id": 1, "name": "Fern", "tag": {}}, "'tag' must be a string", id="object-tag"),
+    pytest.param(
+        {"id": 1, "name": "Fern", "tag": 5}, "'tag' must be a string", id="number-tag"
+    ),
+    pytest.param(
+        {"id": 1, "name": "Fern", "tag": False},
+        "'tag' must be a string",
+        id="false-tag",
+    ),
+    pytest.param(
+        {"id": 1, "name": "Fern", "tag": {}}, "'tag' must be a string", id="object-tag"
+    ),
     pytest.param({"id": INT64_MAX + 1, "name": "Fern"}, "int64", id="int64-max-plus-1"),
-    pytest.param({"id": INT64_MIN - 1, "name": "Fern"}, "int64", id="int64-min-minus-1"),
+    pytest.param(
+        {"id": INT64_MIN - 1, "name": "Fern"}, "int64", id="int64-min-minus-1"
+    ),
     pytest.param({"id": 2**64, "name": "Fern"}, "int64", id="2-to-the-64"),
 ]
 
@@ -632,21 +985,45 @@ def test_invalid_newplant_is_400_naming_the_rule(app, store, document, message):
     assert len(stored(store)) == 0
 
 
-@pytest.mark.parametrize("literal", [b"1e400", b"9223372036854775808.0", b"-9223372036854775809.0",
-                                     b"7.000000000000000000001", b"9223372036854775807.5", b"1e-400"])
+@pytest.mark.parametrize(
+    "literal",
+    [
+        b"1e400",
+        b"9223372036854775808.0",
+        b"-9223372036854775809.0",
+        b"7.000000000000000000001",
+        b"9223372036854775807.5",
+        b"1e-400",
+    ],
+)
 def test_numbers_that_are_no_int64_id_are_400(app, store, literal):
-    assert_error(post(app, b'{"id": ' + literal + b', "name": "Fern"}', 400), 400, "'id' must be")
+    assert_error(
+        post(app, b'{"id": ' + literal + b', "name": "Fern"}', 400), 400, "'id' must be"
+    )
     assert len(stored(store)) == 0
 
 
-@pytest.mark.parametrize("literal, plant_id", [
-    (b"9223372036854775807", INT64_MAX), (b"-9223372036854775808", INT64_MIN), (b"0", 0), (b"-0", 0),
-    (b"7.0", 7), (b"7E0", 7), (b"7e+0", 7), (b"70e-1", 7), (b"1e2", 100), (b"-0.0", 0),
-    (b"9223372036854775807.0", INT64_MAX), (b"-9223372036854775808.000", INT64_MIN),
-    (b"92233720368547758.07e2", INT64_MAX),
-])
+@pytest.mark.parametrize(
+    "literal, plant_id",
+    [
+        (b"9223372036854775807", INT64_MAX),
+        (b"-9223372036854775808", INT64_MIN),
+        (b"0", 0),
+        (b"-0", 0),
+        (b"7.0", 7),
+        (b"7E0", 7),
+        (b"7e+0", 7),
+        (b"70e-1", 7),
+        (b"1e2", 100),
+        (b"-0.0", 0),
+        (b"9223372036854775807.0", INT64_MAX),
+        (b"-9223372036854775808.000", INT64_MIN),
+        (b"92233720368547758.07e2", INT64_MAX),
+    ],
+)
 def test_integral_numbers_are_ids_exactly(app, store, literal, plant_id):
-    """JSON Schema 2020-12: a number with a zero fraction is an integer; no float rounding near 2**63."""
+    """JSON Schema 2020-12: a number with a zero fraction is an integer; no float
+    rounding near 2**63."""
     post(app, b'{"id": ' + literal + b', "name": "Fern"}', 200)
     assert stored(store).get(plant_id) == ("Fern", None)
     assert len(stored(store)) == 1
@@ -657,19 +1034,27 @@ def test_integral_numbers_are_ids_exactly(app, store, literal, plant_id):
 def test_ids_one_apart_near_int64_max_are_distinct(app, store):
     post(app, b'{"id": 9223372036854775807.0, "name": "a"}', 200)
     post(app, b'{"id": 9223372036854775806.0, "name": "b"}', 200)
-    assert stored(store).get(INT64_MAX) == ("a", None) and stored(store).get(INT64_MAX - 1) == ("b", None)
+    assert stored(store).get(INT64_MAX) == ("a", None) and stored(store).get(
+        INT64_MAX - 1
+    ) == ("b", None)
 
 
 def test_field_errors_come_in_order_id_name_tag(app):
     assert_error(post(app, {"tag": 1}, 400), 400, "'id' is required")
-    assert_error(post(app, {"id": "x", "name": 1, "tag": 1}, 400), 400, "'id' must be an integer")
-    assert_error(post(app, {"id": 1, "name": 1, "tag": 1}, 400), 400, "'name' must be a string")
+    assert_error(
+        post(app, {"id": "x", "name": 1, "tag": 1}, 400), 400, "'id' must be an integer"
+    )
+    assert_error(
+        post(app, {"id": 1, "name": 1, "tag": 1}, 400), 400, "'name' must be a string"
+    )
 
 
 # ---- The fast path for the usual body agrees with the JSON decoder ----
 
+
 def full_reading(text):
-    """What the JSON decoder and the shape check make of text: (id, name, tag) or the 400 message."""
+    """What the JSON decoder and the shape check make of text: (id, name, tag) or the
+    400 message."""
     try:
         return plantstore.parse_new_plant(plantstore.decode_json(text))
     except plantstore.HTTPError as error:
@@ -677,13 +1062,42 @@ def full_reading(text):
 
 
 def random_bodies(count, seed=2026):
-    """Bodies near the usual shape: odd whitespace, escapes, orders, numbers, and breakage."""
+    """Bodies near the usual shape: odd whitespace, escapes, orders, numbers, and
+    breakage."""
     rng = random.Random(seed)
     whitespace = ["", " ", "\t", "\n", "\r\n", "\x0b", "\x0c", "\u00a0", "\u2028"]
-    ids = ["0", "-0", "7", "-7", "01", "1.0", "1e3", "9223372036854775807", "9223372036854775808",
-           "-9223372036854775808", "-9223372036854775809", "99999999999999999999", "true", '"7"', "null"]
-    strings = ['""', '"Fern"', '"caf\u00e9"', '"\ud83c\udf3f"', '"a\\"b"', '"\\u0041"', '"tab\there"',
-               '"\x7f"', '"\x1f"', '"slash/\\/"', "5", "null", '"\ud800"']
+    ids = [
+        "0",
+        "-0",
+        "7",
+        "-7",
+        "01",
+        "1.0",
+        "1e3",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "99999999999999999999",
+        "true",
+        '"7"',
+        "null",
+    ]
+    strings = [
+        '""',
+        '"Fern"',
+        '"caf\u00e9"',
+        '"\ud83c\udf3f"',
+        '"a\\"b"',
+        '"\\u0041"',
+        '"tab\there"',
+        '"\x7f"',
+        '"\x1f"',
+        '"slash/\\/"',
+        "5",
+        "null",
+        '"\ud800"',
+    ]
 
     def pick(odd, usual):
         return rng.choice(odd) if rng.random() < 0.1 else usual
@@ -692,14 +1106,20 @@ def random_bodies(count, seed=2026):
         return pick(whitespace, usual)
 
     def plant_id():
-        return pick(ids, str(rng.randint(-10**6, 10**6)))
+        return pick(ids, str(rng.randint(-(10**6), 10**6)))
 
     def string():
-        return pick(strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"')
+        return pick(
+            strings, '"' + "".join(rng.choices("aZ 9-é🌿", k=rng.randint(0, 8))) + '"'
+        )
 
     for _ in range(count):
-        gap = rng.choice(["", " "])  # after ':' and ',': compact, or as json.dumps() writes it
-        fields = [f'"id"{ws()}:{ws(gap)}{plant_id()}', f'"name"{ws()}:{ws(gap)}{string()}']
+        # after ':' and ',': compact, or as json.dumps() writes it
+        gap = rng.choice(["", " "])
+        fields = [
+            f'"id"{ws()}:{ws(gap)}{plant_id()}',
+            f'"name"{ws()}:{ws(gap)}{string()}',
+        ]
         if rng.random() < 0.6:
             fields.append(f'"tag"{ws()}:{ws(gap)}{string()}')
         if rng.random() < 0.2:
@@ -727,21 +1147,83 @@ def test_fast_path_reads_exactly_what_the_json_decoder_reads():
 
 # ---- Check order: the first failing step answers ----
 
-@pytest.mark.parametrize("request_kwargs, status", [
-    (dict(path="/nope", method="DELETE", headers={}, content_type="text/plain", body=b"x" * 100_000), 404),
-    (dict(path="/plants", method="PUT", headers={}, content_type="text/plain", body=b"x" * 100_000), 405),
-    (dict(path="/plants", method="POST", headers={}, content_type="text/plain", body=b"x" * 100_000), 401),
-    (dict(path="/plants", method="POST", headers=AUTH, content_type="text/plain", body=b"x" * 100_000), 415),
-    (dict(path="/plants", method="POST", headers=AUTH, content_type="application/json", body=b"x" * 100_000), 413),
-    (dict(path="/plants", method="POST", headers=AUTH, content_type="application/json", body=b"[1]"), 400),
-], ids=["route", "method", "auth", "media-type", "size", "shape"])
+
+@pytest.mark.parametrize(
+    "request_kwargs, status",
+    [
+        (
+            dict(
+                path="/nope",
+                method="DELETE",
+                headers={},
+                content_type="text/plain",
+                body=b"x" * 100_000,
+            ),
+            404,
+        ),
+        (
+            dict(
+                path="/plants",
+                method="PUT",
+                headers={},
+                content_type="text/plain",
+                body=b"x" * 100_000,
+            ),
+            405,
+        ),
+        (
+            dict(
+                path="/plants",
+                method="POST",
+                headers={},
+                content_type="text/plain",
+                body=b"x" * 100_000,
+            ),
+            401,
+        ),
+        (
+            dict(
+                path="/plants",
+                method="POST",
+                headers=AUTH,
+                content_type="text/plain",
+                body=b"x" * 100_000,
+            ),
+            415,
+        ),
+        (
+            dict(
+                path="/plants",
+                method="POST",
+                headers=AUTH,
+                content_type="application/json",
+                body=b"x" * 100_000,
+            ),
+            413,
+        ),
+        (
+            dict(
+                path="/plants",
+                method="POST",
+                headers=AUTH,
+                content_type="application/json",
+                body=b"[1]",
+            ),
+            400,
+        ),
+    ],
+    ids=["route", "method", "auth", "media-type", "size", "shape"],
+)
 def test_checks_run_in_the_contract_order(app, request_kwargs, status):
     kwargs = dict(request_kwargs)
-    response = app.request(kwargs.pop("path"), status=status, expect_errors=True, **kwargs)
+    response = app.request(
+        kwargs.pop("path"), status=status, expect_errors=True, **kwargs
+    )
     assert_error(response, status)
 
 
 # ---- Failures of the server's own making ----
+
 
 class BrokenStore:
     def add(self, *_args):
@@ -752,11 +1234,16 @@ class BrokenStore:
 
 def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
     errors = io.StringIO()
-    status, headers, body = call(make_app([TOKEN], store=BrokenStore()), body=b'{"id": 1, "name": "x"}',
-                                 environ={"wsgi.errors": errors})
+    status, headers, body = call(
+        make_app([TOKEN], store=BrokenStore()),
+        body=b'{"id": 1, "name": "x"}',
+        environ={"wsgi.errors": errors},
+    )
     assert status == 500 and body == {"error": 500, "message": "internal server error"}
     assert headers["Content-Type"] == "application/json"
-    assert "Traceback" in errors.getvalue() and "the disk is on fire" in errors.getvalue()
+    assert (
+        "Traceback" in errors.getvalue() and "the disk is on fire" in errors.getvalue()
+    )
     assert TOKEN not in errors.getvalue()
 
 
@@ -781,10 +1268,31 @@ def test_a_custom_store_is_used():
     assert recording.calls == [(1, "a", "t"), (2, "b", None)]
 
 
-@pytest.mark.parametrize("tokens, error", [
-    ([], ValueError), ((), ValueError), ("a-token", TypeError), ([""], ValueError), (["a b"], ValueError),
-    (["tab\there"], ValueError), (["caf\u00e9"], ValueError), ([None], ValueError), ([TOKEN, ""], ValueError),
-], ids=["empty-list", "empty-tuple", "one-string", "empty-token", "space", "tab", "non-ascii", "none", "one-empty"])
+@pytest.mark.parametrize(
+    "tokens, error",
+    [
+        ([], ValueError),
+        ((), ValueError),
+        ("a-token", TypeError),
+        ([""], ValueError),
+        (["a b"], ValueError),
+        (["tab\there"], ValueError),
+        (["caf\u00e9"], ValueError),
+        ([None], ValueError),
+        ([TOKEN, ""], ValueError),
+    ],
+    ids=[
+        "empty-list",
+        "empty-tuple",
+        "one-string",
+        "empty-token",
+        "space",
+        "tab",
+        "non-ascii",
+        "none",
+        "one-empty",
+    ],
+)
 def test_make_app_refuses_bad_tokens(tokens, error):
     with pytest.raises(error) as raised:
         make_app(tokens)
@@ -795,13 +1303,20 @@ def test_make_app_refuses_bad_tokens(tokens, error):
 def test_make_app_refuses_a_short_token_without_quoting_it():
     with pytest.raises(ValueError, match="at least 16 characters") as raised:
         make_app(["eleven-char"])
-    assert "eleven-char" not in str(raised.value) and "secrets.token_urlsafe(32)" in str(raised.value)
+    assert "eleven-char" not in str(
+        raised.value
+    ) and "secrets.token_urlsafe(32)" in str(raised.value)
 
 
 @pytest.mark.parametrize("missing", ["add", "delete", "list"])
 def test_make_app_names_the_method_a_store_lacks(missing):
-    methods = {name: lambda *_args: None for name in ("add", "delete", "list") if name != missing}
-    lacking = "page" if missing == "list" else missing  # page(), or the first interface's list()
+    methods = {
+        name: lambda *_args: None
+        for name in ("add", "delete", "list")
+        if name != missing
+    }
+    # page(), or the first interface's list()
+    lacking = "page" if missing == "list" else missing
     with pytest.raises(TypeError, match=f"the store has no {lacking}\\(\\) method"):
         make_app([TOKEN], store=type("Store", (), methods)())
 
@@ -812,10 +1327,11 @@ def test_make_app_refuses_a_bad_limit(limit):
         make_app([TOKEN], max_body_bytes=limit)
 
 
-
 def test_the_readme_store_example_works_as_pasted():
     readme = (HERE / "README.md").read_text()
-    example = re.search(r"```python\n(import threading\n.*?class DictStore.*?)```", readme, re.S)[1]
+    example = re.search(
+        r"```python\n(import threading\n.*?class DictStore.*?)```", readme, re.S
+    )[1]
     namespace = {}
     exec(example, namespace)  # as pasted into a file of one's own
     application = webtest.TestApp(namespace["application"])
@@ -823,15 +1339,22 @@ def test_the_readme_store_example_works_as_pasted():
     post(application, {"id": 1, "name": "Fern", "tag": "indoor"}, 200, headers=headers)
     post(application, {"id": 1, "name": "Again"}, 409, headers=headers)
     post(application, {"id": 2, "name": "Ivy"}, 200, headers=headers)
-    assert application.get("/plants", headers=headers, status=200).json == [{"name": "Fern", "tag": "indoor"},
-                                                                            {"name": "Ivy"}]
-    assert application.get("/plants?limit=1", headers=headers, status=200).headers["Link"]
+    assert application.get("/plants", headers=headers, status=200).json == [
+        {"name": "Fern", "tag": "indoor"},
+        {"name": "Ivy"},
+    ]
+    assert application.get("/plants?limit=1", headers=headers, status=200).headers[
+        "Link"
+    ]
     application.delete("/plants/1", headers=headers, status=204)
+
 
 # ---- Threads against one application ----
 
+
 def in_threads(count, work):
-    """Run work(n) for n in range(count) in as many threads, released together; return the results."""
+    """Run work(n) for n in range(count) in as many threads, released together; return
+    the results."""
     barrier = threading.Barrier(count)
     results = [None] * count
 
@@ -848,7 +1371,9 @@ def in_threads(count, work):
 
 
 def create(application, plant_id, name):
-    return call(application, body=json.dumps({"id": plant_id, "name": name}).encode())[0]
+    return call(application, body=json.dumps({"id": plant_id, "name": name}).encode())[
+        0
+    ]
 
 
 def test_concurrent_unique_creates_are_all_stored(store):
@@ -856,12 +1381,17 @@ def test_concurrent_unique_creates_are_all_stored(store):
     threads, per_thread = 8, 50
 
     def create_many(n):
-        return [create(application, i, f"p{i}") for i in range(n * per_thread, (n + 1) * per_thread)]
+        return [
+            create(application, i, f"p{i}")
+            for i in range(n * per_thread, (n + 1) * per_thread)
+        ]
 
     statuses = in_threads(threads, create_many)
     assert statuses == [[200] * per_thread] * threads
     assert len(stored(store)) == threads * per_thread
-    assert all(stored(store).get(i) == (f"p{i}", None) for i in range(threads * per_thread))
+    assert all(
+        stored(store).get(i) == (f"p{i}", None) for i in range(threads * per_thread)
+    )
 
 
 def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
@@ -873,7 +1403,8 @@ def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
 
 
 def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
-    """Only ints, strings and None are kept: collections come no more often, nor take longer, as it grows."""
+    """Only ints, strings and None are kept: collections come no more often, nor take
+    longer, as it grows."""
     names = [f"p{i}" for i in range(3000)]
     was_enabled = gc.isenabled()
     gc.disable()  # the count of new tracked objects then only grows
@@ -886,38 +1417,64 @@ def test_stored_plants_give_the_garbage_collector_nothing_to_walk(store):
         if was_enabled:
             gc.enable()
     assert new_tracked < 100  # one (name, tag) tuple per plant would make it 3,000
-    gc.collect()  # a full chunk is a tuple of strings and None, which the collector stops tracking once it meets it
-    assert not gc.is_tracked(store._seq) and not any(map(gc.is_tracked, store._names[:-1] + store._tags[:-1]))
-    assert stored(store)[2999] == ("p2999", "indoor") and store.list(1) == [("p0", "indoor")]
+    # a full chunk is a tuple of strings and None, which the collector stops tracking
+    # once it meets it
+    gc.collect()
+    assert not gc.is_tracked(store._seq) and not any(
+        map(gc.is_tracked, store._names[:-1] + store._tags[:-1])
+    )
+    assert stored(store)[2999] == ("p2999", "indoor") and store.list(1) == [
+        ("p0", "indoor")
+    ]
 
 
 # ---- Reading back and deleting, on both stores ----
 
+
 class Postgres:
-    """A PostgreSQL server of the suite's own: initdb in a temporary folder, pg_ctl on a free loopback port."""
+    """A PostgreSQL server of the suite's own: initdb in a temporary folder, pg_ctl on a
+    free loopback port."""
 
     listen = "127.0.0.1"  # its listen_addresses
-    inside = ()  # the command that runs a program on the server's host (ip netns exec NS); () for this one
+    # the command that runs a program on the server's host (ip netns exec NS); () for
+    # this one
+    inside = ()
 
     def __init__(self, durable=False):
-        self.durable = durable  # the tests need no fsync; the benchmark measures PostgreSQL as shipped
+        # the tests need no fsync; the benchmark measures PostgreSQL as shipped
+        self.durable = durable
         self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
         self.as_postgres = [*self.inside]
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             shutil.chown(self.folder, "postgres")
             self.as_postgres += ["runuser", "-u", "postgres", "--"]
-        self.password = secrets.token_urlsafe(18)  # through a file: never on a command line
+        # through a file: never on a command line
+        self.password = secrets.token_urlsafe(18)
         password_file = self.folder / "password"
         password_file.write_text(self.password)
         password_file.chmod(0o600)
         if self.as_postgres:
             shutil.chown(password_file, "postgres")
         self.port = free_port()
-        self._pg("initdb", "-D", self.folder / "data", "-U", "plantstore", "--pwfile", password_file,
-                 "-A", "scram-sha-256", "-E", "UTF8", "--no-sync")
+        self._pg(
+            "initdb",
+            "-D",
+            self.folder / "data",
+            "-U",
+            "plantstore",
+            "--pwfile",
+            password_file,
+            "-A",
+            "scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         password_file.unlink()
         self.start()
-        self.url = f"postgresql://plantstore:{self.password}@127.0.0.1:{self.port}/plantstore"
+        self.url = (
+            f"postgresql://plantstore:{self.password}@127.0.0.1:{self.port}/plantstore"
+        )
         try:
             with self.local("postgres") as db:
                 db.execute("CREATE DATABASE plantstore")
@@ -926,23 +1483,55 @@ class Postgres:
             raise
 
     def local(self, database="plantstore"):
-        """A connection through the server's Unix socket: it reaches a server on any host, whatever its network."""
-        return psycopg.connect(host=str(self.folder), port=self.port, dbname=database, user="plantstore",
-                               password=self.password, autocommit=True)
+        """A connection through the server's Unix socket: it reaches a server on any
+        host, whatever its network."""
+        return psycopg.connect(
+            host=str(self.folder),
+            port=self.port,
+            dbname=database,
+            user="plantstore",
+            password=self.password,
+            autocommit=True,
+        )
 
     def _pg(self, program, *args, env=None):
-        binary = shutil.which(program) or max(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
-                                              key=lambda path: int(path.split("/")[4]), default=program)
-        subprocess.run([*self.as_postgres, binary, *map(str, args)], check=True, timeout=WAIT * 2,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+        binary = shutil.which(program) or max(
+            glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
+            key=lambda path: int(path.split("/")[4]),
+            default=program,
+        )
+        subprocess.run(
+            [*self.as_postgres, binary, *map(str, args)],
+            check=True,
+            timeout=WAIT * 2,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
 
     def start(self):
-        options = f"-p {self.port} -k {self.folder} -c listen_addresses={self.listen} -c max_connections=200"
-        self._pg("pg_ctl", "-D", self.folder / "data", "-l", self.folder / "log", "-w", "-t", WAIT, "start", "-o",
-                 options if self.durable else f"{options} -c fsync=off")
+        options = (
+            f"-p {self.port} -k {self.folder} -c listen_addresses={self.listen}"
+            " -c max_connections=200"
+        )
+        self._pg(
+            "pg_ctl",
+            "-D",
+            self.folder / "data",
+            "-l",
+            self.folder / "log",
+            "-w",
+            "-t",
+            WAIT,
+            "start",
+            "-o",
+            options if self.durable else f"{options} -c fsync=off",
+        )
 
     def stop(self):
-        self._pg("pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", "fast", "stop")
+        self._pg(
+            "pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", "fast", "stop"
+        )
 
     def remove(self):
         with contextlib.suppress(Exception):
@@ -962,8 +1551,10 @@ def free_port():
 
 @pytest.fixture(scope="session")
 def postgres():
-    """Started once for the suite, always stopped; no skip: if it cannot start, the tests that need it fail."""
-    # A run stopped with SIGTERM (a timeout, say) still tears down, and so stops this server.
+    """Started once for the suite, always stopped; no skip: if it cannot start, the
+    tests that need it fail."""
+    # A run stopped with SIGTERM (a timeout, say) still tears down, and so stops this
+    # server.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     server = Postgres()
     try:
@@ -982,10 +1573,15 @@ def pg_url(postgres):
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def any_store(request, tmp_path):
-    """Each store, held to the same behaviour: the in-memory one, SQLite and PostgreSQL."""
+    """Each store, held to the same behaviour: the in-memory one, SQLite and
+    PostgreSQL."""
     if request.param == "postgres":
         return PostgresStore(request.getfixturevalue("pg_url"))
-    return PlantStore() if request.param == "memory" else SQLiteStore(tmp_path / "plants.sqlite3")
+    return (
+        PlantStore()
+        if request.param == "memory"
+        else SQLiteStore(tmp_path / "plants.sqlite3")
+    )
 
 
 @pytest.fixture
@@ -998,17 +1594,40 @@ def test_store_adds_lists_and_deletes(any_store):
     assert any_store.add(-5, "Cactus", None) is True
     assert any_store.add(1, "Impostor", None) is False
     assert any_store.add(INT64_MAX, "\ud800 lone", "caf\u00e9 \U0001f33f") is True
-    assert any_store.list() == [("Fern", "indoor"), ("Cactus", None), ("\ud800 lone", "caf\u00e9 \U0001f33f")]
-    assert any_store.list(0) == [] and any_store.list(2) == [("Fern", "indoor"), ("Cactus", None)]
-    assert any_store.delete(1) is True and any_store.delete(1) is False and any_store.delete(2) is False
-    assert any_store.add(1, "Fern again", None) is True  # a deleted id can be created again, and comes last
-    assert any_store.list() == [("Cactus", None), ("\ud800 lone", "caf\u00e9 \U0001f33f"), ("Fern again", None)]
+    assert any_store.list() == [
+        ("Fern", "indoor"),
+        ("Cactus", None),
+        ("\ud800 lone", "caf\u00e9 \U0001f33f"),
+    ]
+    assert any_store.list(0) == [] and any_store.list(2) == [
+        ("Fern", "indoor"),
+        ("Cactus", None),
+    ]
+    assert (
+        any_store.delete(1) is True
+        and any_store.delete(1) is False
+        and any_store.delete(2) is False
+    )
+    # a deleted id can be created again, and comes last
+    assert any_store.add(1, "Fern again", None) is True
+    assert any_store.list() == [
+        ("Cactus", None),
+        ("\ud800 lone", "caf\u00e9 \U0001f33f"),
+        ("Fern again", None),
+    ]
 
 
 def test_store_under_threads(any_store):
-    created = in_threads(8, lambda n: [any_store.add(n * 25 + i, f"p{n * 25 + i}", None) for i in range(25)])
+    created = in_threads(
+        8,
+        lambda n: [
+            any_store.add(n * 25 + i, f"p{n * 25 + i}", None) for i in range(25)
+        ],
+    )
     assert created == [[True] * 25] * 8
-    assert sorted(name for name, _ in any_store.list()) == sorted(f"p{i}" for i in range(200))
+    assert sorted(name for name, _ in any_store.list()) == sorted(
+        f"p{i}" for i in range(200)
+    )
     racers = in_threads(16, lambda n: any_store.add(1000, f"racer-{n}", None))
     assert racers.count(True) == 1
     assert any_store.list()[-1] == (f"racer-{racers.index(True)}", None)
@@ -1016,23 +1635,69 @@ def test_store_under_threads(any_store):
 
 def test_get_lists_plants_oldest_first_without_ids(any_app):
     assert any_app.get("/plants", headers=AUTH, status=200).json == []
-    for plant_id, name, tag in [(3, "Fern", "indoor"), (1, "Cactus", None), (2, "Ivy", "hanging")]:
-        post(any_app, {"id": plant_id, "name": name, **({"tag": tag} if tag else {})}, 200)
+    for plant_id, name, tag in [
+        (3, "Fern", "indoor"),
+        (1, "Cactus", None),
+        (2, "Ivy", "hanging"),
+    ]:
+        post(
+            any_app,
+            {"id": plant_id, "name": name, **({"tag": tag} if tag else {})},
+            200,
+        )
     response = any_app.get("/plants", headers=AUTH, status=200)
     assert response.content_type == "application/json"
-    assert response.json == [{"name": "Fern", "tag": "indoor"}, {"name": "Cactus"}, {"name": "Ivy", "tag": "hanging"}]
-    assert any_app.get("/plants?limit=2", headers=AUTH, status=200).json == response.json[:2]
+    assert response.json == [
+        {"name": "Fern", "tag": "indoor"},
+        {"name": "Cactus"},
+        {"name": "Ivy", "tag": "hanging"},
+    ]
+    assert (
+        any_app.get("/plants?limit=2", headers=AUTH, status=200).json
+        == response.json[:2]
+    )
     assert any_app.get("/plants?limit=0", headers=AUTH, status=200).json == []
-    assert any_app.get(f"/plants?limit={2**31 - 1}&colour=green", headers=AUTH, status=200).json == response.json
-    assert any_app.get("/plants?limit=1.0", headers=AUTH, status=200).json == response.json[:1]  # an integer, as in JSON
-    assert any_app.get("/plants?limit=2E0", headers=AUTH, status=200).json == response.json[:2]
+    assert (
+        any_app.get(
+            f"/plants?limit={2**31 - 1}&colour=green", headers=AUTH, status=200
+        ).json
+        == response.json
+    )
+    # an integer, as in JSON
+    assert (
+        any_app.get("/plants?limit=1.0", headers=AUTH, status=200).json
+        == response.json[:1]
+    )
+    assert (
+        any_app.get("/plants?limit=2E0", headers=AUTH, status=200).json
+        == response.json[:2]
+    )
 
 
-@pytest.mark.parametrize("query", ["limit=-1", "limit=abc", "limit=", "limit=1.5", "limit=2147483648", "limit=+1",
-                                   "limit=%201", "limit=1&limit=2", "limit=1e400", "limit=99999999999999999999999",
-                                   "limit=01", "limit=NaN", "limit=1E+9999999999999999999999"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=-1",
+        "limit=abc",
+        "limit=",
+        "limit=1.5",
+        "limit=2147483648",
+        "limit=+1",
+        "limit=%201",
+        "limit=1&limit=2",
+        "limit=1e400",
+        "limit=99999999999999999999999",
+        "limit=01",
+        "limit=NaN",
+        "limit=1E+9999999999999999999999",
+    ],
+)
 def test_get_with_a_bad_limit_is_400(any_app, query):
-    assert_error(any_app.get(f"/plants?{query}", headers=AUTH, status=400, expect_errors=True), 400, "'limit'")
+    assert_error(
+        any_app.get(f"/plants?{query}", headers=AUTH, status=400, expect_errors=True),
+        400,
+        "'limit'",
+    )
 
 
 def test_delete_answers_204_and_the_id_can_be_created_again(any_app):
@@ -1041,36 +1706,85 @@ def test_delete_answers_204_and_the_id_can_be_created_again(any_app):
     response = any_app.delete("/plants/5", headers=AUTH, status=204)
     assert response.body == b"" and "Content-Type" not in response.headers
     assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}]
-    assert_error(any_app.delete("/plants/5", headers=AUTH, status=404, expect_errors=True), 404, "'id'")
+    assert_error(
+        any_app.delete("/plants/5", headers=AUTH, status=404, expect_errors=True),
+        404,
+        "'id'",
+    )
     post(any_app, {"id": 5, "name": "Rose again"}, 200)
-    assert any_app.get("/plants", headers=AUTH, status=200).json == [{"name": "Tulip"}, {"name": "Rose again"}]
+    assert any_app.get("/plants", headers=AUTH, status=200).json == [
+        {"name": "Tulip"},
+        {"name": "Rose again"},
+    ]
 
 
-@pytest.mark.parametrize("plant_id", ["abc", "1.5", "+1", "01", "1e400", "%20", "9223372036854775808",
-                                      "-9223372036854775809", "99999999999999999999999", "--1", "0x1", "NaN",
-                                      "1E+9999999999999999999999", "1.", ".5", "true"])
+@pytest.mark.parametrize(
+    "plant_id",
+    [
+        "abc",
+        "1.5",
+        "+1",
+        "01",
+        "1e400",
+        "%20",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "99999999999999999999999",
+        "--1",
+        "0x1",
+        "NaN",
+        "1E+9999999999999999999999",
+        "1.",
+        ".5",
+        "true",
+    ],
+)
 def test_delete_with_an_id_that_is_no_int64_is_400(any_app, plant_id):
-    assert_error(any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=400, expect_errors=True), 400, "'id'")
+    assert_error(
+        any_app.delete(
+            f"/plants/{plant_id}", headers=AUTH, status=400, expect_errors=True
+        ),
+        400,
+        "'id'",
+    )
 
 
-@pytest.mark.parametrize("plant_id, stored_id", [(str(INT64_MAX), INT64_MAX), (str(INT64_MIN), INT64_MIN), ("0", 0),
-                                                 ("-0", 0), ("7.0", 7), ("7E0", 7), ("70e-1", 7),
-                                                 ("9223372036854775807.0", INT64_MAX)])
+@pytest.mark.parametrize(
+    "plant_id, stored_id",
+    [
+        (str(INT64_MAX), INT64_MAX),
+        (str(INT64_MIN), INT64_MIN),
+        ("0", 0),
+        ("-0", 0),
+        ("7.0", 7),
+        ("7E0", 7),
+        ("70e-1", 7),
+        ("9223372036854775807.0", INT64_MAX),
+    ],
+)
 def test_delete_accepts_the_int64_range_as_json_does(any_app, plant_id, stored_id):
     post(any_app, {"id": stored_id, "name": "Edge"}, 200)
     any_app.delete(f"/plants/{plant_id}", headers=AUTH, status=204)
     assert any_app.get("/plants", headers=AUTH, status=200).json == []
 
 
-@pytest.mark.parametrize("method, path", [("GET", "/plants"), ("DELETE", "/plants/1"), ("DELETE", "/plants/abc")])
+@pytest.mark.parametrize(
+    "method, path",
+    [("GET", "/plants"), ("DELETE", "/plants/1"), ("DELETE", "/plants/abc")],
+)
 @pytest.mark.parametrize("headers, error", BAD_AUTH[:1] + BAD_AUTH[6:7])
 def test_read_and_delete_need_the_token(any_app, method, path, headers, error):
-    response = any_app.request(path, method=method, headers=headers, status=401, expect_errors=True)
+    response = any_app.request(
+        path, method=method, headers=headers, status=401, expect_errors=True
+    )
     assert_error(response, 401)
-    assert ('error="invalid_token"' in response.headers["WWW-Authenticate"]) == (error == "invalid_token")
+    assert ('error="invalid_token"' in response.headers["WWW-Authenticate"]) == (
+        error == "invalid_token"
+    )
 
 
 # ---- Pages, and the whole listing streamed ----
+
 
 def next_link(response):
     """The target of a rel="next" Link header, or None."""
@@ -1079,7 +1793,8 @@ def next_link(response):
 
 
 def follow_pages(application, first, meanwhile=lambda _page_number: None):
-    """GET first, then every next link; return the names seen, in order, and how many pages."""
+    """GET first, then every next link; return the names seen, in order, and how many
+    pages."""
     names, url, pages = [], first, 0
     while url:
         response = application.get(url, headers=AUTH, status=200)
@@ -1093,7 +1808,10 @@ def test_next_links_visit_every_plant_once_oldest_first(any_store):
     for plant_id in range(2100):
         any_store.add(plant_id, f"p{plant_id}", None)
     application = webtest.TestApp(make_app([TOKEN], store=any_store))
-    assert follow_pages(application, "/plants?limit=1000") == ([f"p{i}" for i in range(2100)], 3)
+    assert follow_pages(application, "/plants?limit=1000") == (
+        [f"p{i}" for i in range(2100)],
+        3,
+    )
 
 
 def test_next_links_skip_no_plant_while_others_come_and_go(any_store):
@@ -1101,52 +1819,82 @@ def test_next_links_skip_no_plant_while_others_come_and_go(any_store):
         any_store.add(plant_id, f"p{plant_id}", None)
     application = webtest.TestApp(make_app([TOKEN], store=any_store))
 
-    def meanwhile(page_number):  # after each page: one plant ahead and one behind deleted, one created
+    # after each page: one plant ahead and one behind deleted, one created
+    def meanwhile(page_number):
         any_store.delete(page_number * 10 + 5)
         any_store.delete(page_number * 10 - 3)
         any_store.add(1000 + page_number, f"new {page_number}", None)
 
     names, pages = follow_pages(application, "/plants?limit=10", meanwhile)
     throughout = [f"p{i}" for i in range(60) if i % 10 not in (5, 7)]  # never deleted
-    assert [name for name in names if name in throughout] == throughout  # each once, in order
+    # each once, in order
+    assert [name for name in names if name in throughout] == throughout
     assert len(names) == len(set(names))
-    assert not {f"p{page * 10 + 5}" for page in range(1, pages)} & set(names)  # deleted before reached: left out
+    # deleted before reached: left out
+    assert not {f"p{page * 10 + 5}" for page in range(1, pages)} & set(names)
 
 
 def test_a_page_link_is_relative_to_where_the_app_is_mounted(store):
     for plant_id in range(3):
         store.add(plant_id, f"p{plant_id}", None)
     response = webtest.TestApp(make_app([TOKEN], store=store)).get(
-        "/plants?limit=2", headers=AUTH, extra_environ={"SCRIPT_NAME": "/api v1"}, status=200)
-    assert re.fullmatch(r'</api%20v1/plants\?limit=2&after=[\w-]{11}>; rel="next"', response.headers["Link"])
+        "/plants?limit=2",
+        headers=AUTH,
+        extra_environ={"SCRIPT_NAME": "/api v1"},
+        status=200,
+    )
+    assert re.fullmatch(
+        r'</api%20v1/plants\?limit=2&after=[\w-]{11}>; rel="next"',
+        response.headers["Link"],
+    )
 
 
 def test_the_last_page_and_an_empty_page_have_no_next_link(app, store):
     for plant_id in range(4):
         store.add(plant_id, f"p{plant_id}", None)
     for query in ("limit=4", "limit=10", "limit=0"):
-        assert "Link" not in app.get(f"/plants?{query}", headers=AUTH, status=200).headers
+        assert (
+            "Link" not in app.get(f"/plants?{query}", headers=AUTH, status=200).headers
+        )
     assert app.get("/plants?limit=3", headers=AUTH, status=200).headers["Link"]
 
 
-@pytest.mark.parametrize("after", ["", "abc", "AAAAAAAAAA!", "AAAAAAAAAAAA", "%20AAAAAAAAAAA",
-                                   "AAAAAAAAAAI&after=AAAAAAAAAAI"])
+@pytest.mark.parametrize(
+    "after",
+    [
+        "",
+        "abc",
+        "AAAAAAAAAA!",
+        "AAAAAAAAAAAA",
+        "%20AAAAAAAAAAA",
+        "AAAAAAAAAAI&after=AAAAAAAAAAI",
+    ],
+)
 def test_a_malformed_cursor_is_400_naming_after(app, after):
-    response = app.get(f"/plants?limit=2&after={after}", headers=AUTH, status=400, expect_errors=True)
+    response = app.get(
+        f"/plants?limit=2&after={after}", headers=AUTH, status=400, expect_errors=True
+    )
     assert_error(response, 400, "'after'")
 
 
-@pytest.mark.parametrize("after", ["AAAAAAAAAAB", "__________8", "gAAAAAAAAAA", "Retry-After"])
+@pytest.mark.parametrize(
+    "after", ["AAAAAAAAAAB", "__________8", "gAAAAAAAAAA", "Retry-After"]
+)
 def test_any_well_formed_cursor_is_a_place_in_the_order(any_app, after):
     post(any_app, {"id": 1, "name": "Fern"}, 200)
-    assert any_app.get(f"/plants?limit=5&after={after}", headers=AUTH, status=200).json in ([], [{"name": "Fern"}])
+    assert any_app.get(
+        f"/plants?limit=5&after={after}", headers=AUTH, status=200
+    ).json in ([], [{"name": "Fern"}])
 
 
 def test_a_page_never_holds_more_than_page_max(app, store):
     for plant_id in range(plantstore.PAGE_MAX + 5):
         store.add(plant_id, "p", None)
     response = app.get("/plants?limit=5000", headers=AUTH, status=200)
-    assert len(response.json) == plantstore.PAGE_MAX and "limit=5000&after=" in response.headers["Link"]
+    assert (
+        len(response.json) == plantstore.PAGE_MAX
+        and "limit=5000&after=" in response.headers["Link"]
+    )
 
 
 def test_the_whole_listing_streams_a_page_at_a_time(store):
@@ -1162,9 +1910,16 @@ def test_the_whole_listing_streams_a_page_at_a_time(store):
             return store.page(after, limit)
 
     status, headers, body = call(make_app([TOKEN], store=Watched()), method="GET")
-    assert status == 200 and "Content-Length" not in headers and headers["Content-Type"] == "application/json"
-    assert body == [{"name": f"p{i}", **({"tag": "t"} if i % 2 else {})} for i in range(2500)]
-    assert asked == [plantstore.PAGE_MAX] * 3  # the lock is never held for more than one page
+    assert (
+        status == 200
+        and "Content-Length" not in headers
+        and headers["Content-Type"] == "application/json"
+    )
+    assert body == [
+        {"name": f"p{i}", **({"tag": "t"} if i % 2 else {})} for i in range(2500)
+    ]
+    # the lock is never held for more than one page
+    assert asked == [plantstore.PAGE_MAX] * 3
 
 
 def test_a_store_of_the_first_interface_still_pages():
@@ -1185,25 +1940,35 @@ def test_a_store_of_the_first_interface_still_pages():
     for plant_id in range(25):
         store.add(plant_id, f"p{plant_id}", None)
     application = webtest.TestApp(make_app([TOKEN], store=store))
-    assert follow_pages(application, "/plants?limit=10") == ([f"p{i}" for i in range(25)], 3)
+    assert follow_pages(application, "/plants?limit=10") == (
+        [f"p{i}" for i in range(25)],
+        3,
+    )
     assert len(application.get("/plants", headers=AUTH, status=200).json) == 25
-    negative = plantstore.cursor(-1)  # a well-formed cursor no page made: before the oldest
-    assert application.get(f"/plants?limit=2&after={negative}", headers=AUTH, status=200).json == [
-        {"name": "p0"}, {"name": "p1"}]
+    # a well-formed cursor no page made: before the oldest
+    negative = plantstore.cursor(-1)
+    assert application.get(
+        f"/plants?limit=2&after={negative}", headers=AUTH, status=200
+    ).json == [{"name": "p0"}, {"name": "p1"}]
 
 
 def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
-    """Deleting the oldest leaves nothing for a page to walk: chunks with no plant left are dropped."""
+    """Deleting the oldest leaves nothing for a page to walk: chunks with no plant left
+    are dropped."""
     for plant_id in range(20_000):
         store.add(plant_id, "", None)  # the empty name too is a plant
     for plant_id in range(18_000):
         store.delete(plant_id)
-    assert store._names[:17] == [None] * 17 and store._first == 18_000  # 17 chunks of 1024 emptied
+    # 17 chunks of 1024 emptied
+    assert store._names[:17] == [None] * 17 and store._first == 18_000
     assert [seq for seq, _, _ in store.page(None, 3)] == [18_000, 18_001, 18_002]
-    assert [seq for seq, _, _ in store.page(5, 2)] == [18_000, 18_001]  # a cursor into the deleted range too
+    # a cursor into the deleted range too
+    assert [seq for seq, _, _ in store.page(5, 2)] == [18_000, 18_001]
     assert len(store.list()) == 2_000 and store.list(1) == [("", None)]
 
+
 # ---- The SQLite store across processes and restarts ----
+
 
 def test_sqlite_store_finds_every_plant_after_a_restart(tmp_path):
     first = SQLiteStore(tmp_path / "plants.sqlite3")
@@ -1211,7 +1976,9 @@ def test_sqlite_store_finds_every_plant_after_a_restart(tmp_path):
         first.add(i, f"p{i}", "t" if i % 2 else None)
     first.delete(3)
     again = SQLiteStore(tmp_path / "plants.sqlite3")
-    assert again.list() == [(f"p{i}", "t" if i % 2 else None) for i in range(20) if i != 3]
+    assert again.list() == [
+        (f"p{i}", "t" if i % 2 else None) for i in range(20) if i != 3
+    ]
     assert again.add(0, "dup", None) is False
 
 
@@ -1220,8 +1987,9 @@ import sys, threading
 from plantstore import SQLiteStore
 store, results = SQLiteStore(sys.argv[1]), []
 def write(n):
+    name = f"writer {sys.argv[2]}"
     for plant_id in range(40):
-        results.append(store.add((plant_id * 7 + n) % 40, f"writer {sys.argv[2]}", None))
+        results.append(store.add((plant_id * 7 + n) % 40, name, None))
 threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
 for thread in threads: thread.start()
 for thread in threads: thread.join()
@@ -1232,12 +2000,16 @@ print(results.count(True))
 def test_sqlite_store_catches_duplicates_across_processes(tmp_path, spawn):
     path = str(tmp_path / "plants.sqlite3")
     SQLiteStore(path)
-    writers = [spawn([sys.executable, "-c", WRITER, path, str(n)], environ_without_tokens()) for n in range(4)]
+    writers = [
+        spawn([sys.executable, "-c", WRITER, path, str(n)], environ_without_tokens())
+        for n in range(4)
+    ]
     created = []
     for writer in writers:
         assert writer.wait(WAIT * 2) == 0, writer.stderr.read()
         created.append(int(writer.stdout.read()))
-    assert sum(created) == 40  # 4 processes x 4 threads tried every id: each was created once
+    # 4 processes x 4 threads tried every id: each was created once
+    assert sum(created) == 40
     assert len(SQLiteStore(path).list()) == 40
 
 
@@ -1246,26 +2018,39 @@ import sys, time
 from plantstore import SQLiteStore
 start = float(sys.argv[1])
 for n, path in enumerate(sys.argv[2:]):
-    time.sleep(max(0.0, start + 0.03 * n - time.time()))  # every opener on the same file at the same moment
+    # every opener on the same file at the same moment
+    time.sleep(max(0.0, start + 0.03 * n - time.time()))
     SQLiteStore(path)
 """
 
 
-def test_sqlite_store_opens_while_other_processes_make_the_same_new_file(tmp_path, spawn):
-    """gunicorn's workers boot together: each must start on a database file that is being made."""
+def test_sqlite_store_opens_while_other_processes_make_the_same_new_file(
+    tmp_path, spawn
+):
+    """gunicorn's workers boot together: each must start on a database file that is
+    being made."""
     paths = [str(tmp_path / f"new{n}.sqlite3") for n in range(20)]
     start = time.time() + 0.5  # once every opener has imported plantstore
-    openers = [spawn([sys.executable, "-c", OPENER, str(start), *paths], environ_without_tokens()) for _ in range(4)]
+    openers = [
+        spawn(
+            [sys.executable, "-c", OPENER, str(start), *paths], environ_without_tokens()
+        )
+        for _ in range(4)
+    ]
     for opener in openers:
         assert opener.wait(WAIT * 2) == 0, opener.stderr.read()
 
 
-@pytest.mark.parametrize("content", [b"this is not a database" * 100, b""], ids=["garbage", "empty-file-ok"])
+@pytest.mark.parametrize(
+    "content", [b"this is not a database" * 100, b""], ids=["garbage", "empty-file-ok"]
+)
 def test_sqlite_store_refuses_a_file_that_is_not_its_database(tmp_path, content):
     path = tmp_path / "plants.sqlite3"
     path.write_bytes(content)
     if content:
-        with pytest.raises(ValueError, match="cannot be opened as a plantstore database"):
+        with pytest.raises(
+            ValueError, match="cannot be opened as a plantstore database"
+        ):
             SQLiteStore(path)
     else:
         assert SQLiteStore(path).list() == []
@@ -1281,19 +2066,27 @@ def test_sqlite_store_refuses_a_foreign_plants_table(tmp_path):
 
 def test_python_plantstore_py_refuses_a_bad_database_in_one_line(spawn, tmp_path):
     (tmp_path / "bad.db").write_bytes(b"garbage" * 100)
-    process = spawn([sys.executable, "plantstore.py", "--port", "0"],
-                    environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "bad.db")))
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "bad.db")
+        ),
+    )
     assert process.wait(WAIT) == 2
     err = process.stderr.read()
     assert "cannot be opened as a plantstore database" in err and "Traceback" not in err
 
 
 def test_kill_9_loses_no_answered_plant(spawn, tmp_path):
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"))
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3")
+    )
 
     def serve():
         process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
-        return process, Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+        return process, Lines(process.stderr).until(
+            r"listening on http://([\d.]+):(\d+)/plants"
+        ).groups()
 
     process, (host, port) = serve()
     for i in range(30):
@@ -1301,16 +2094,35 @@ def test_kill_9_loses_no_answered_plant(spawn, tmp_path):
     os.killpg(process.pid, signal.SIGKILL)  # the moment after the last 200
     process.wait(WAIT)
     _, (host, port) = serve()
-    assert over_http(host, port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{i}"} for i in range(30)])
+    assert over_http(host, port, TOKEN, "GET", "/plants") == (
+        200,
+        [{"name": f"p{i}"} for i in range(30)],
+    )
 
 
 def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
-    """20 ids each raced by 16 requests across 3 worker processes: 20 created, 300 conflicts, all kept."""
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"))
+    """20 ids each raced by 16 requests across 3 worker processes: 20 created, 300
+    conflicts, all kept."""
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "plants.sqlite3")
+    )
 
     def serve():
-        process = spawn([sys.executable, "-m", "gunicorn", "-w", "3", "--threads", "4", "-b", "127.0.0.1:0",
-                         "plantstore:app"], env)
+        process = spawn(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-w",
+                "3",
+                "--threads",
+                "4",
+                "-b",
+                "127.0.0.1:0",
+                "plantstore:app",
+            ],
+            env,
+        )
         err = Lines(process.stderr)
         address = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
         for _ in range(3):
@@ -1319,15 +2131,34 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
 
     process, (host, port) = serve()
     attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
-    statuses = in_threads(len(attempts), lambda k: post_over_http(
-        host, port, TOKEN, {"id": attempts[k][0], "name": f"id {attempts[k][0]} by racer {attempts[k][1]}"})[0])
+    statuses = in_threads(
+        len(attempts),
+        lambda k: post_over_http(
+            host,
+            port,
+            TOKEN,
+            {
+                "id": attempts[k][0],
+                "name": f"id {attempts[k][0]} by racer {attempts[k][1]}",
+            },
+        )[0],
+    )
     assert sorted(statuses) == [200] * 20 + [409] * 300
-    for plant_id in range(100, 110):  # one after another, each on whichever worker takes it
-        assert post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"id {plant_id} in order"})[0] == 200
+    # one after another, each on whichever worker takes it
+    for plant_id in range(100, 110):
+        assert (
+            post_over_http(
+                host, port, TOKEN, {"id": plant_id, "name": f"id {plant_id} in order"}
+            )[0]
+            == 200
+        )
     status, listed = over_http(host, port, TOKEN, "GET", "/plants")
-    assert status == 200 and [int(p["name"].split()[1]) for p in listed[20:]] == list(range(100, 110))
+    assert status == 200 and [int(p["name"].split()[1]) for p in listed[20:]] == list(
+        range(100, 110)
+    )
     assert sorted(int(p["name"].split()[1]) for p in listed[:20]) == list(range(20))
-    for stop in (signal.SIGTERM, signal.SIGKILL):  # a restart, then kill -9 of the master and workers at once
+    # a restart, then kill -9 of the master and workers at once
+    for stop in (signal.SIGTERM, signal.SIGKILL):
         os.killpg(process.pid, stop)
         process.wait(WAIT)
         process, (host, port) = serve()
@@ -1336,13 +2167,17 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
 
 # ---- SQL stores: a database away is a 503, and the service recovers by itself ----
 
+
 def assert_unavailable(response):
     assert_error(response, 503, "database")
     assert int(response.headers["Retry-After"]) > 0
 
 
-def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_retry_409(pg_url):
-    """The bound on a statement: the commit is cut at DB_WAIT_SECONDS, though PostgreSQL keeps it."""
+def test_a_commit_held_by_a_missing_sync_standby_is_a_bounded_503_and_a_retry_409(
+    pg_url,
+):
+    """The bound on a statement: the commit is cut at DB_WAIT_SECONDS, though PostgreSQL
+    keeps it."""
     app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
     post(app, {"id": 1, "name": "Fern"}, 200)
 
@@ -1355,12 +2190,15 @@ def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_r
         with psycopg.connect(pg_url, autocommit=True) as db:
             db.execute("CREATE TEMPORARY TABLE probe (x int)")
 
-    standby("nobody")  # every commit now waits for a standby that never comes, once reloaded
+    # every commit now waits for a standby that never comes, once reloaded
+    standby("nobody")
     deadline, probe = time.monotonic() + WAIT, None
     with psycopg.connect(pg_url, autocommit=True) as db:
         waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
         while not db.execute(waiting).fetchone()[0]:  # until a commit is seen to wait
-            assert time.monotonic() < deadline, "synchronous_standby_names never took effect"
+            assert time.monotonic() < deadline, (
+                "synchronous_standby_names never took effect"
+            )
             if probe is None or not probe.is_alive():
                 probe = threading.Thread(target=commit_of_its_own, daemon=True)
                 probe.start()
@@ -1372,9 +2210,14 @@ def test_a_commit_held_by_a_missing_synchronous_standby_is_a_bounded_503_and_a_r
     finally:
         standby("")  # which also lets the held commit end
     assert_unavailable(response)
-    assert waited < 2 * plantstore.DB_WAIT_SECONDS  # cut, not held for as long as the standby is away
-    post(app, {"id": 2, "name": "Ivy"}, 409)  # PostgreSQL committed it: the retry finds it
-    assert app.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern"}, {"name": "Ivy"}]
+    # cut, not held for as long as the standby is away
+    assert waited < 2 * plantstore.DB_WAIT_SECONDS
+    # PostgreSQL committed it: the retry finds it
+    post(app, {"id": 2, "name": "Ivy"}, 409)
+    assert app.get("/plants", headers=AUTH, status=200).json == [
+        {"name": "Fern"},
+        {"name": "Ivy"},
+    ]
 
 
 def test_postgres_away_is_503_then_recovers_without_a_restart(postgres, pg_url, capsys):
@@ -1383,21 +2226,32 @@ def test_postgres_away_is_503_then_recovers_without_a_restart(postgres, pg_url, 
     postgres.stop()
     try:
         assert_unavailable(post(app, {"id": 2, "name": "Ivy"}, 503))
-        assert_unavailable(app.get("/plants", headers=AUTH, status=503, expect_errors=True))
-        assert_unavailable(app.delete("/plants/1", headers=AUTH, status=503, expect_errors=True))
+        assert_unavailable(
+            app.get("/plants", headers=AUTH, status=503, expect_errors=True)
+        )
+        assert_unavailable(
+            app.delete("/plants/1", headers=AUTH, status=503, expect_errors=True)
+        )
     finally:
         postgres.start()
     post(app, {"id": 2, "name": "Ivy"}, 200)  # the same application, a new connection
-    assert app.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern"}, {"name": "Ivy"}]
+    assert app.get("/plants", headers=AUTH, status=200).json == [
+        {"name": "Fern"},
+        {"name": "Ivy"},
+    ]
     logged = capsys.readouterr().err
     assert "is unavailable" in logged and "reachable again" in logged
-    assert postgres.password not in logged and "postgresql://plantstore@127.0.0.1" in logged
+    assert (
+        postgres.password not in logged
+        and "postgresql://plantstore@127.0.0.1" in logged
+    )
 
 
 def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, pg_url):
     postgres.stop()
     try:
-        app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))  # does not refuse to start
+        # does not refuse to start
+        app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
         assert_unavailable(post(app, {"id": 1, "name": "Fern"}, 503))
     finally:
         postgres.start()
@@ -1405,18 +2259,30 @@ def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, 
 
 
 def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(spawn):
-    code = ("import runpy, sys; sys.modules['psycopg'] = None; sys.argv[1:] = ['--port', '0'];"
-            "runpy.run_path('plantstore.py', run_name='__main__')")
-    process = spawn([sys.executable, "-c", code], environ_without_tokens(
-        PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB="postgresql://plantstore:hunter2-secret@127.0.0.1:1/plants"))
+    code = (
+        "import runpy, sys; sys.modules['psycopg'] = None;"
+        " sys.argv[1:] = ['--port', '0'];"
+        "runpy.run_path('plantstore.py', run_name='__main__')"
+    )
+    process = spawn(
+        [sys.executable, "-c", code],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB="postgresql://plantstore:hunter2-secret@127.0.0.1:1/plants",
+        ),
+    )
     assert process.wait(WAIT) == 2
     err = process.stderr.read()
-    assert "pip install 'plantstore[postgres]'" in err and len(err.strip().splitlines()) == 1
+    assert (
+        "pip install 'plantstore[postgres]'" in err
+        and len(err.strip().splitlines()) == 1
+    )
     assert "Traceback" not in err and "hunter2-secret" not in err
 
 
 def make_read_only(path, read_only):
-    """Make a file read-only even for root, who ignores permission bits (chattr +i), or writable again."""
+    """Make a file read-only even for root, who ignores permission bits (chattr +i), or
+    writable again."""
     if os.geteuid() == 0:
         subprocess.run(["chattr", "+i" if read_only else "-i", str(path)], check=True)
     else:
@@ -1426,14 +2292,18 @@ def make_read_only(path, read_only):
 def test_sqlite_recovers_from_a_read_only_spell_without_a_restart(tmp_path):
     path = tmp_path / "plants.sqlite3"
     app = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
-    one_thread = concurrent.futures.ThreadPoolExecutor(1)  # a gunicorn thread: it keeps its connection
+    # a gunicorn thread: it keeps its connection
+    one_thread = concurrent.futures.ThreadPoolExecutor(1)
     try:
         make_read_only(path, True)
         try:  # this thread's first connection is made now, read-only
-            assert_unavailable(one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 503).result())
+            assert_unavailable(
+                one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 503).result()
+            )
         finally:
             make_read_only(path, False)
-        one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 200).result()  # the same thread, writable again
+        # the same thread, writable again
+        one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 200).result()
     finally:
         one_thread.shutdown()
     assert SQLiteStore(path).list() == [("Fern", None)]
@@ -1449,16 +2319,24 @@ def test_sqlite_acknowledges_nothing_into_a_file_deleted_or_replaced(tmp_path, c
     else:  # a copy put in its place, as a careless restore from a backup would
         sqlite3.connect(tmp_path / "other.sqlite3").close()
         os.replace(tmp_path / "other.sqlite3", path)
-    # This thread's connection still has the old file open: what it writes there, no one would read.
+    # This thread's connection still has the old file open: what it writes there, no one
+    # would read.
     assert_unavailable(post(app, {"id": 2, "name": "lost?"}, 503))
-    if change == "deleted":  # and new connections find no file: they do not make one anew
-        statuses = in_threads(8, lambda n: post(app, {"id": 10 + n, "name": "lost?"}, 503).status_int)
+    # and new connections find no file: they do not make one anew
+    if change == "deleted":
+        statuses = in_threads(
+            8, lambda n: post(app, {"id": 10 + n, "name": "lost?"}, 503).status_int
+        )
         assert statuses == [503] * 8 and not path.exists()
-        assert_unavailable(app.get("/plants", headers=AUTH, status=503, expect_errors=True))
+        assert_unavailable(
+            app.get("/plants", headers=AUTH, status=503, expect_errors=True)
+        )
 
 
 def test_sqlite_names_a_missing_directory(tmp_path):
-    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'nowhere'))}: no such directory"):
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(tmp_path / 'nowhere'))}: no such directory"
+    ):
         SQLiteStore(tmp_path / "nowhere" / "plants.sqlite3")
 
 
@@ -1467,20 +2345,34 @@ def test_sqlite_names_a_directory_it_cannot_write(tmp_path):
     folder.mkdir()
     make_read_only(folder, True)
     try:
-        with pytest.raises(ValueError, match=f"^{re.escape(str(folder))}: this user cannot write in this directory"):
+        with pytest.raises(
+            ValueError,
+            match=(
+                f"^{re.escape(str(folder))}: this user cannot write in this directory"
+            ),
+        ):
             SQLiteStore(folder / "plants.sqlite3")
     finally:
         make_read_only(folder, False)
 
 
-def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconnect(spawn, postgres, pg_url):
+def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconnect(
+    spawn, postgres, pg_url
+):
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
     process, host, port, err = start_gunicorn(spawn, env, 2, 4)
 
     def sixty_four_gets():
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            return list(pool.map(lambda _: exchange(host, port, "GET", "/plants?limit=1")[0], range(64)))
-    assert sixty_four_gets() == [200] * 64  # every thread of both workers has its connection now
+            return list(
+                pool.map(
+                    lambda _: exchange(host, port, "GET", "/plants?limit=1")[0],
+                    range(64),
+                )
+            )
+
+    # every thread of both workers has its connection now
+    assert sixty_four_gets() == [200] * 64
     postgres.stop()
     postgres.start()  # pg_ctl -w: the database answers again
     assert sixty_four_gets() == [200] * 64
@@ -1491,9 +2383,15 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
 
 # ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
 
+
 def batch_database(database, tmp_path, request):
-    """Where the plants go: an SQLite file of this test, or the suite's PostgreSQL, emptied."""
-    return str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
+    """Where the plants go: an SQLite file of this test, or the suite's PostgreSQL,
+    emptied."""
+    return (
+        str(tmp_path / "plants.sqlite3")
+        if database == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
 
 
 def read_database(db, query):
@@ -1507,11 +2405,15 @@ def read_database(db, query):
 
 def stored_plants(db):
     """{id: name} of every plant the database holds."""
-    return {plant_id: bytes(name).decode() for plant_id, name in read_database(db, "SELECT id, name FROM plants")}
+    return {
+        plant_id: bytes(name).decode()
+        for plant_id, name in read_database(db, "SELECT id, name FROM plants")
+    }
 
 
 def serve_batches(spawn, server, database, db, **settings):
-    """gunicorn -w 2 --threads 4, or granian with the recipe for the store; return (process, (host, port))."""
+    """gunicorn -w 2 --threads 4, or granian with the recipe for the store; return
+    (process, (host, port))."""
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, **settings)
     if server == "gunicorn":
         process, host, port, _ = start_gunicorn(spawn, env, 2, 4)
@@ -1521,9 +2423,10 @@ def serve_batches(spawn, server, database, db, **settings):
 
 
 def queued_behind_a_held_batch(store, application, bodies):
-    """POST a first create, and hold its batch until each of `bodies` is queued behind it, one after another
-    (so their order of arrival is known); return the batches written, as lists of ids, and each answer by
-    its place in `bodies` ("held" for the first)."""
+    """POST a first create, and hold its batch until each of `bodies` is queued behind
+    it, one after another (so their order of arrival is known); return the batches
+    written, as lists of ids, and each answer by its place in `bodies` ("held" for the
+    first)."""
     batches, release, insert = [], threading.Event(), store.insert
 
     def held_insert(run, plants):
@@ -1538,12 +2441,15 @@ def queued_behind_a_held_batch(store, application, bodies):
     def send(k, body):
         answers[k] = call(application, body=json.dumps(body).encode())[0]
 
-    threads = [threading.Thread(target=send, args=("held", {"id": 0, "name": "create held"}))]
+    threads = [
+        threading.Thread(target=send, args=("held", {"id": 0, "name": "create held"}))
+    ]
     threads[0].start()
     try:
         deadline = time.monotonic() + WAIT
         for k, body in enumerate([*bodies, None]):
-            while not (batches if k == 0 else len(store._queue) == k):  # the one before is queued
+            # the one before is queued
+            while not (batches if k == 0 else len(store._queue) == k):
                 assert time.monotonic() < deadline, "the creates did not queue"
                 time.sleep(0.005)
             if body is not None:
@@ -1557,77 +2463,150 @@ def queued_behind_a_held_batch(store, application, bodies):
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
-def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(database, tmp_path, request,
-                                                                               webhook_app, receiver):
-    """Creates queued behind a commit under way go in the next batch, together: each answered for itself,
-    a repeated id to the first that came, rows and their webhook events in the order the creates came."""
+def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(
+    database, tmp_path, request, webhook_app, receiver
+):
+    """Creates queued behind a commit under way go in the next batch, together: each
+    answered for itself, a repeated id to the first that came, rows and their webhook
+    events in the order the creates came."""
     hook = receiver()
     hook.stop()  # the events stay in plant_events, where the test reads them
     db = batch_database(database, tmp_path, request)
     store = SQLiteStore(db) if database == "sqlite" else PostgresStore(db)
     application = webhook_app(store, hook.url).app
-    ids = [0, 1, 2, 1, 3, 0, 2, 4, 4, 5]  # 0 is the held create's; 1, 2 and 4 come twice in the next batch
-    plants = [(f"create {k}" + (" \x00 \ud800 \U0001f33f" if k % 3 == 0 else ""), "indoor" if k % 2 else None)
-              for k in range(len(ids))]  # tags and NULLs in one batch; a NUL, a lone surrogate, a 4-byte UTF-8
-    bodies = [{"id": plant_id, "name": name, **({"tag": tag} if tag else {})}
-              for plant_id, (name, tag) in zip(ids, plants, strict=True)]
+    # 0 is the held create's; 1, 2 and 4 come twice in the next batch
+    ids = [0, 1, 2, 1, 3, 0, 2, 4, 4, 5]
+    # tags and NULLs in one batch; a NUL, a lone surrogate, a 4-byte UTF-8
+    plants = [
+        (
+            f"create {k}" + (" \x00 \ud800 \U0001f33f" if k % 3 == 0 else ""),
+            "indoor" if k % 2 else None,
+        )
+        for k in range(len(ids))
+    ]
+    bodies = [
+        {"id": plant_id, "name": name, **({"tag": tag} if tag else {})}
+        for plant_id, (name, tag) in zip(ids, plants, strict=True)
+    ]
     batches, answers = queued_behind_a_held_batch(store, application, bodies)
     assert batches == [[0], ids]
     winners = [k for k, plant_id in enumerate(ids) if plant_id not in [0, *ids[:k]]]
-    assert answers == {"held": 200, **{k: 200 if k in winners else 409 for k in range(len(ids))}}
+    assert answers == {
+        "held": 200,
+        **{k: 200 if k in winners else 409 for k in range(len(ids))},
+    }
     assert store.list() == [("create held", None)] + [plants[k] for k in winners]
-    events = [json.loads(bytes(body)) for body, in store.run("SELECT body FROM plant_events ORDER BY seq")]
+    events = [
+        json.loads(bytes(body))
+        for (body,) in store.run("SELECT body FROM plant_events ORDER BY seq")
+    ]
     assert events == [{"id": 0, "name": "create held"}] + [bodies[k] for k in winners]
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 @pytest.mark.parametrize("bound", ["creates", "bytes"])
-def test_group_commit_a_long_queue_is_written_in_bounded_batches_in_arrival_order(database, bound, tmp_path,
-                                                                                  request):
-    """More creates queued than one batch takes: batches of at most BATCH creates, or of BATCH_BYTES of names
-    and tags (a lone create larger than that is a batch of its own), oldest first."""
+def test_group_commit_a_long_queue_is_written_in_bounded_batches_in_arrival_order(
+    database, bound, tmp_path, request
+):
+    """More creates queued than one batch takes: batches of at most BATCH creates, or of
+    BATCH_BYTES of names and tags (a lone create larger than that is a batch of its
+    own), oldest first."""
     db = batch_database(database, tmp_path, request)
     store = SQLiteStore(db) if database == "sqlite" else PostgresStore(db)
     if bound == "creates":
-        bodies = [{"id": 1 + k % 70, "name": f"create {k}"} for k in range(100)]  # 30 ids come twice
+        # 30 ids come twice
+        bodies = [{"id": 1 + k % 70, "name": f"create {k}"} for k in range(100)]
     else:
-        bodies = [{"id": 1 + k, "name": f"create {k} ".ljust(MAX_BODY_BYTES - 100, "x"), "tag": "t"} for k in range(24)]
-    batches, answers = queued_behind_a_held_batch(store, make_app([TOKEN], store=store), bodies)
-    assert batches[0] == [0] and sum(batches[1:], []) == [body["id"] for body in bodies] and len(batches) > 2
-    sizes = {body["id"]: len(body["name"]) + len(body.get("tag", "")) for body in bodies}
+        bodies = [
+            {
+                "id": 1 + k,
+                "name": f"create {k} ".ljust(MAX_BODY_BYTES - 100, "x"),
+                "tag": "t",
+            }
+            for k in range(24)
+        ]
+    batches, answers = queued_behind_a_held_batch(
+        store, make_app([TOKEN], store=store), bodies
+    )
+    assert (
+        batches[0] == [0]
+        and sum(batches[1:], []) == [body["id"] for body in bodies]
+        and len(batches) > 2
+    )
+    sizes = {
+        body["id"]: len(body["name"]) + len(body.get("tag", "")) for body in bodies
+    }
     for batch in batches[1:]:
-        assert len(batch) <= store.BATCH and sum(sizes[plant_id] for plant_id in batch) <= store.BATCH_BYTES
+        assert (
+            len(batch) <= store.BATCH
+            and sum(sizes[plant_id] for plant_id in batch) <= store.BATCH_BYTES
+        )
     if bound == "creates":
-        assert [len(batch) for batch in batches] == [1, store.BATCH, len(bodies) - store.BATCH]
-    winners = [k for k, body in enumerate(bodies) if body["id"] not in [b["id"] for b in bodies[:k]]]
-    assert answers == {"held": 200, **{k: 200 if k in winners else 409 for k in range(len(bodies))}}
-    assert [name for name, _ in store.list()] == ["create held"] + [bodies[k]["name"] for k in winners]
+        assert [len(batch) for batch in batches] == [
+            1,
+            store.BATCH,
+            len(bodies) - store.BATCH,
+        ]
+    winners = [
+        k
+        for k, body in enumerate(bodies)
+        if body["id"] not in [b["id"] for b in bodies[:k]]
+    ]
+    assert answers == {
+        "held": 200,
+        **{k: 200 if k in winners else 409 for k in range(len(bodies))},
+    }
+    assert [name for name, _ in store.list()] == ["create held"] + [
+        bodies[k]["name"] for k in winners
+    ]
 
 
-SERVED = [pytest.param("sqlite", "gunicorn", id="sqlite-gunicorn"), pytest.param("postgres", "granian",
-                                                                                   id="postgres-granian")]
-KILLED = [pytest.param("sqlite", "granian", id="sqlite-granian"), pytest.param("postgres", "gunicorn",
-                                                                                 id="postgres-gunicorn")]
+SERVED = [
+    pytest.param("sqlite", "gunicorn", id="sqlite-gunicorn"),
+    pytest.param("postgres", "granian", id="postgres-granian"),
+]
+KILLED = [
+    pytest.param("sqlite", "granian", id="sqlite-granian"),
+    pytest.param("postgres", "gunicorn", id="postgres-gunicorn"),
+]
 
 
 @pytest.mark.parametrize("database, server", SERVED)
 def test_group_commit_a_burst_with_repeated_ids_stores_exactly_the_creates_answered_200(
-        spawn, tmp_path, request, database, server):
-    """16 clients, 320 creates of 128 ids, each id raced at about the same moment (in one batch) and again later
-    (across batches): one 200 per id, 409 for the rest, and the plants listed are the ones answered 200,
-    each client's in the order it sent them."""
+    spawn, tmp_path, request, database, server
+):
+    """16 clients, 320 creates of 128 ids, each id raced at about the same moment (in
+    one batch) and again later (across batches): one 200 per id, 409 for the rest, and
+    the plants listed are the ones answered 200, each client's in the order it sent
+    them."""
     db = batch_database(database, tmp_path, request)
     _, address = serve_batches(spawn, server, database, db)
     chooser = random.Random(31)
-    plans = [[chooser.randrange(6 * k, 6 * k + 8) if chooser.random() < 0.8 else chooser.randrange(6 * k + 8)
-              for k in range(20)] for _ in range(16)]  # round k: mostly 8 new ids for 16 clients, some older ones
+    # round k: mostly 8 new ids for 16 clients, some older ones
+    plans = [
+        [
+            chooser.randrange(6 * k, 6 * k + 8)
+            if chooser.random() < 0.8
+            else chooser.randrange(6 * k + 8)
+            for k in range(20)
+        ]
+        for _ in range(16)
+    ]
 
     def client(n):
-        return [post_over_http(*address, TOKEN, {"id": plant_id, "name": f"client {n} create {k}"})[0]
-                for k, plant_id in enumerate(plans[n])]
+        return [
+            post_over_http(
+                *address, TOKEN, {"id": plant_id, "name": f"client {n} create {k}"}
+            )[0]
+            for k, plant_id in enumerate(plans[n])
+        ]
 
     statuses = in_threads(16, client)
-    sent = [(plans[n][k], f"client {n} create {k}", statuses[n][k]) for n in range(16) for k in range(20)]
+    sent = [
+        (plans[n][k], f"client {n} create {k}", statuses[n][k])
+        for n in range(16)
+        for k in range(20)
+    ]
     assert {status for _, _, status in sent} == {200, 409}
     won = {}
     for plant_id, name, status in sent:
@@ -1637,34 +2616,51 @@ def test_group_commit_a_burst_with_repeated_ids_stores_exactly_the_creates_answe
     assert set(won) == {plant_id for plant_id, _, _ in sent}  # each id created once
     status, listed = over_http(*address, TOKEN, "GET", "/plants")
     names = [plant["name"] for plant in listed]
-    assert status == 200 and sorted(names) == sorted(won.values())  # those, and nothing else
+    # those, and nothing else
+    assert status == 200 and sorted(names) == sorted(won.values())
     assert stored_plants(db) == won
     for n in range(16):
         assert [name for name in names if name.startswith(f"client {n} ")] == [
-            name for _, name, status in sent if status == 200 and name.startswith(f"client {n} ")]
-    if database == "postgres":  # rows written in one transaction share its xmin: batches were formed
-        assert read_database(db, "SELECT count(*) FROM plants GROUP BY xmin::text HAVING count(*) > 1"), \
-            "every create was committed alone: this test saw no batch"
+            name
+            for _, name, status in sent
+            if status == 200 and name.startswith(f"client {n} ")
+        ]
+    # rows written in one transaction share its xmin: batches were formed
+    if database == "postgres":
+        assert read_database(
+            db, "SELECT count(*) FROM plants GROUP BY xmin::text HAVING count(*) > 1"
+        ), "every create was committed alone: this test saw no batch"
 
 
 @pytest.mark.parametrize("database, server", KILLED)
 def test_group_commit_kill_9_mid_burst_loses_no_plant_answered_200_nor_its_event(
-        spawn, tmp_path, request, receiver, database, server):
-    """kill -9 of every server process while 16 clients create, the webhook receiver down: each plant answered
-    200 is in the database afterwards, with its event in plant_events; no event without its plant."""
+    spawn, tmp_path, request, receiver, database, server
+):
+    """kill -9 of every server process while 16 clients create, the webhook receiver
+    down: each plant answered 200 is in the database afterwards, with its event in
+    plant_events; no event without its plant."""
     hook = receiver()
     hook.stop()
     db = batch_database(database, tmp_path, request)
-    process, address = serve_batches(spawn, server, database, db, PLANTSTORE_WEBHOOK_URL=hook.url,
-                                     PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    process, address = serve_batches(
+        spawn,
+        server,
+        database,
+        db,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
     answered, other, killed = [], [], threading.Event()
 
     def client(n):
         for k in range(400):  # clients n and n + 8 race on the same ids
             plant_id, name = (n % 8) * 1000 + k, f"client {n} create {k}"
             try:
-                status, _ = post_over_http(*address, TOKEN, {"id": plant_id, "name": name})
-            except (OSError, http.client.HTTPException) as error:  # refused, reset or cut off by the kill
+                status, _ = post_over_http(
+                    *address, TOKEN, {"id": plant_id, "name": name}
+                )
+            except (OSError, http.client.HTTPException) as error:
+                # refused, reset or cut off by the kill
                 if not killed.is_set():
                     other.append(repr(error))
                 return
@@ -1679,25 +2675,36 @@ def test_group_commit_kill_9_mid_burst_loses_no_plant_answered_200_nor_its_event
     try:
         deadline = time.monotonic() + WAIT
         while len(answered) < 150:  # mid-burst
-            assert time.monotonic() < deadline and all(map(threading.Thread.is_alive, clients)), len(answered)
+            assert time.monotonic() < deadline and all(
+                map(threading.Thread.is_alive, clients)
+            ), len(answered)
             time.sleep(0.01)
     finally:
         killed.set()
-        os.killpg(process.pid, signal.SIGKILL)  # the server and all its workers, at once
+        # the server and all its workers, at once
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait(WAIT)
         for thread in clients:
             thread.join(WAIT)
     assert other == []  # before the kill, 200 or 409 alone
     plants = stored_plants(db)
-    assert all(plants.get(plant_id) == name for plant_id, name in answered), "a plant answered 200 is lost"
-    events = collections.Counter(json.loads(bytes(body))["id"]
-                                 for body, in read_database(db, "SELECT body FROM plant_events"))
-    assert events == collections.Counter(list(plants))  # one event for each plant, none for anything else
+    assert all(plants.get(plant_id) == name for plant_id, name in answered), (
+        "a plant answered 200 is lost"
+    )
+    events = collections.Counter(
+        json.loads(bytes(body))["id"]
+        for (body,) in read_database(db, "SELECT body FROM plant_events")
+    )
+    # one event for each plant, none for anything else
+    assert events == collections.Counter(list(plants))
 
 
 def cluster_pids(postgres):
-    """The postmaster of the suite's PostgreSQL and every process it started (its backends among them)."""
-    postmaster = int((postgres.folder / "data" / "postmaster.pid").read_text().split()[0])
+    """The postmaster of the suite's PostgreSQL and every process it started (its
+    backends among them)."""
+    postmaster = int(
+        (postgres.folder / "data" / "postmaster.pid").read_text().split()[0]
+    )
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):  # ended meanwhile
@@ -1707,12 +2714,20 @@ def cluster_pids(postgres):
 
 
 def creates_until(address, first_id, count, wait):
-    """Send creates one after another until `count` are answered 200, within `wait` seconds; return the ids."""
+    """Send creates one after another until `count` are answered 200, within `wait`
+    seconds; return the ids."""
     created, deadline = [], time.monotonic() + wait
     for plant_id in itertools.count(first_id):
-        assert time.monotonic() < deadline, f"creates did not succeed again ({len(created)} of {count})"
-        status, headers, _ = exchange(*address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"})
-        assert status in (200, 503) and (status == 200 or "Retry-After" in headers), (status, headers)
+        assert time.monotonic() < deadline, (
+            f"creates did not succeed again ({len(created)} of {count})"
+        )
+        status, headers, _ = exchange(
+            *address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"}
+        )
+        assert status in (200, 503) and (status == 200 or "Retry-After" in headers), (
+            status,
+            headers,
+        )
         if status == 200:
             created.append(plant_id)
             if len(created) == count:
@@ -1721,9 +2736,12 @@ def creates_until(address, first_id, count, wait):
             time.sleep(0.05)
 
 
-def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_every_200(spawn, postgres, pg_url):
-    """pg_ctl stop -m immediate while 16 clients create: every answer is 200, or 503 with Retry-After; nothing
-    answered 200 is missing once PostgreSQL is back; and creates succeed again with the same gunicorn."""
+def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_every_200(
+    spawn, postgres, pg_url
+):
+    """pg_ctl stop -m immediate while 16 clients create: every answer is 200, or 503
+    with Retry-After; nothing answered 200 is missing once PostgreSQL is back; and
+    creates succeed again with the same gunicorn."""
     _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
     answers, done = [], threading.Event()
 
@@ -1733,12 +2751,19 @@ def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_ev
                 return
             plant_id = n * 100_000 + k
             try:
-                status, headers, body = exchange(*address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"})
-            except (OSError, http.client.HTTPException) as error:  # fails the test below
+                status, headers, body = exchange(
+                    *address,
+                    "POST",
+                    "/plants",
+                    {"id": plant_id, "name": f"p{plant_id}"},
+                )
+            except (OSError, http.client.HTTPException) as error:
+                # fails the test below
                 status, headers, body = repr(error), {}, None
             answers.append((plant_id, status, headers.get("Retry-After"), body))
             if status != 200:
-                time.sleep(0.05)  # a real client would wait Retry-After seconds; the test keeps it short
+                # a real client would wait Retry-After seconds; the test keeps it short
+                time.sleep(0.05)
 
     clients = [threading.Thread(target=client, args=(n,)) for n in range(16)]
     for thread in clients:
@@ -1749,34 +2774,57 @@ def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_ev
             assert time.monotonic() < deadline
             time.sleep(0.01)
         try:
-            postgres._pg("pg_ctl", "-D", postgres.folder / "data", "-w", "-t", WAIT, "-m", "immediate", "stop")
+            postgres._pg(
+                "pg_ctl",
+                "-D",
+                postgres.folder / "data",
+                "-w",
+                "-t",
+                WAIT,
+                "-m",
+                "immediate",
+                "stop",
+            )
             time.sleep(1)
         finally:
             postgres.start()
-        creates_until(address, 10_000_000, 10, WAIT)  # the same servers, with new connections
+        # the same servers, with new connections
+        creates_until(address, 10_000_000, 10, WAIT)
     finally:
         done.set()
         for thread in clients:
             thread.join(WAIT)
     assert {status for _, status, _, _ in answers} == {200, 503}
     for _, status, retry_after, body in answers:
-        assert status == 200 or (int(retry_after) > 0 and body["error"] == 503), (status, retry_after, body)
+        assert status == 200 or (int(retry_after) > 0 and body["error"] == 503), (
+            status,
+            retry_after,
+            body,
+        )
     plants = stored_plants(pg_url)
-    assert all(plant_id in plants for plant_id, status, _, _ in answers if status == 200)
+    assert all(
+        plant_id in plants for plant_id, status, _, _ in answers if status == 200
+    )
 
 
-def test_group_commit_postgres_stalled_answers_every_waiting_create_503_while_it_stays_stalled(
-        spawn, postgres, pg_url):
-    """kill -STOP of every process of the cluster: the creates waiting for it answer 503 with Retry-After
-    within their bound, while it is still stopped; after kill -CONT creates answer 200 again."""
+def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_stalled(
+    spawn, postgres, pg_url
+):
+    """kill -STOP of every process of the cluster: the creates waiting for it answer 503
+    with Retry-After within their bound, while it is still stopped; after kill -CONT
+    creates answer 200 again."""
     _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
-    creates_until(address, 0, 16, WAIT)  # each worker has its writer, connections in its pool
+    # each worker has its writer, connections in its pool
+    creates_until(address, 0, 16, WAIT)
     answers, stalled = {}, []
 
     def send(n):
-        answers[n] = exchange(*address, "POST", "/plants", {"id": 100 + n, "name": f"stalled {n}"})
+        answers[n] = exchange(
+            *address, "POST", "/plants", {"id": 100 + n, "name": f"stalled {n}"}
+        )
 
-    senders = [threading.Thread(target=send, args=(n,), daemon=True) for n in range(8)]  # 2 workers x 4 threads
+    # 2 workers x 4 threads
+    senders = [threading.Thread(target=send, args=(n,), daemon=True) for n in range(8)]
     try:
         postmaster = cluster_pids(postgres)[0]
         os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
@@ -1786,7 +2834,8 @@ def test_group_commit_postgres_stalled_answers_every_waiting_create_503_while_it
             stalled.append(pid)
         for thread in senders:
             thread.start()
-        deadline = time.monotonic() + 3 * plantstore.DB_WAIT_SECONDS  # generous: two rounds of 4 threads
+        # generous: two rounds of 4 threads
+        deadline = time.monotonic() + 3 * plantstore.DB_WAIT_SECONDS
         for thread in senders:
             thread.join(max(0, deadline - time.monotonic()))
         answered = dict(answers)  # as they are while the database is still stopped
@@ -1794,20 +2843,43 @@ def test_group_commit_postgres_stalled_answers_every_waiting_create_503_while_it
         for pid in reversed(stalled):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-    assert len(answered) == 8, f"{8 - len(answered)} of 8 creates got no answer while the database was stalled"
+    assert len(answered) == 8, (
+        f"{8 - len(answered)} of 8 creates got no answer while the database was stalled"
+    )
     for status, headers, body in answered.values():
-        assert status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503, (status, headers, body)
+        assert (
+            status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503
+        ), (status, headers, body)
     created = creates_until(address, 1000, 8, WAIT)
     assert set(created) <= set(stored_plants(pg_url))
 
 
 # ---- Two gunicorn instances on one PostgreSQL ----
 
-def start_gunicorn(spawn, env, workers=1, threads=8, *options, inside=(), address="127.0.0.1"):
-    """Start gunicorn on a free port of `address` (on the host `inside` runs programs on: this one by default);
-    return (process, host, port, its stderr lines) once all workers boot."""
-    process = spawn([*inside, sys.executable, "-m", "gunicorn", "-w", str(workers), "--threads", str(threads),
-                     *options, "-b", f"{address}:0", "plantstore:app"], env)
+
+def start_gunicorn(
+    spawn, env, workers=1, threads=8, *options, inside=(), address="127.0.0.1"
+):
+    """Start gunicorn on a free port of `address` (on the host `inside` runs programs
+    on: this one by default); return (process, host, port, its stderr lines) once all
+    workers boot."""
+    process = spawn(
+        [
+            *inside,
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-w",
+            str(workers),
+            "--threads",
+            str(threads),
+            *options,
+            "-b",
+            f"{address}:0",
+            "plantstore:app",
+        ],
+        env,
+    )
     err = Lines(process.stderr)
     host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
     for _ in range(workers):
@@ -1817,7 +2889,8 @@ def start_gunicorn(spawn, env, workers=1, threads=8, *options, inside=(), addres
 
 @pytest.fixture
 def two_instances(spawn, pg_url):
-    """Two gunicorn instances x 2 workers x 4 threads, as on two machines, on the suite's PostgreSQL."""
+    """Two gunicorn instances x 2 workers x 4 threads, as on two machines, on the
+    suite's PostgreSQL."""
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
     return [start_gunicorn(spawn, env, workers=2, threads=4) for _ in range(2)]
 
@@ -1825,19 +2898,45 @@ def two_instances(spawn, pg_url):
 def test_two_gunicorn_instances_on_postgres_share_ids_and_order(two_instances):
     addresses = [(host, port) for _, host, port, _ in two_instances]
     attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
-    statuses = in_threads(len(attempts), lambda k: post_over_http(
-        *addresses[k % 2], TOKEN, {"id": attempts[k][0], "name": f"id {attempts[k][0]} by racer {attempts[k][1]}"})[0])
+    statuses = in_threads(
+        len(attempts),
+        lambda k: post_over_http(
+            *addresses[k % 2],
+            TOKEN,
+            {
+                "id": attempts[k][0],
+                "name": f"id {attempts[k][0]} by racer {attempts[k][1]}",
+            },
+        )[0],
+    )
     assert sorted(statuses) == [200] * 20 + [409] * 300
     for plant_id in range(100, 110):  # one after another, on alternate instances
-        assert post_over_http(*addresses[plant_id % 2], TOKEN, {"id": plant_id, "name": f"id {plant_id}"})[0] == 200
-    first, second = (over_http(*address, TOKEN, "GET", "/plants") for address in addresses)
+        assert (
+            post_over_http(
+                *addresses[plant_id % 2],
+                TOKEN,
+                {"id": plant_id, "name": f"id {plant_id}"},
+            )[0]
+            == 200
+        )
+    first, second = (
+        over_http(*address, TOKEN, "GET", "/plants") for address in addresses
+    )
     assert first == second and first[0] == 200
-    assert [p["name"] for p in first[1][20:]] == [f"id {plant_id}" for plant_id in range(100, 110)]
+    assert [p["name"] for p in first[1][20:]] == [
+        f"id {plant_id}" for plant_id in range(100, 110)
+    ]
     assert sorted(int(p["name"].split()[1]) for p in first[1][:20]) == list(range(20))
-    os.killpg(two_instances[0][0].pid, signal.SIGKILL)  # kill -9 of one instance: the other serves on
+    # kill -9 of one instance: the other serves on
+    os.killpg(two_instances[0][0].pid, signal.SIGKILL)
     two_instances[0][0].wait(WAIT)
-    assert post_over_http(*addresses[1], TOKEN, {"id": 200, "name": "after the kill"})[0] == 200
-    assert over_http(*addresses[1], TOKEN, "GET", "/plants")[1] == first[1] + [{"name": "after the kill"}]
+    assert (
+        post_over_http(*addresses[1], TOKEN, {"id": 200, "name": "after the kill"})[0]
+        == 200
+    )
+    assert over_http(*addresses[1], TOKEN, "GET", "/plants")[1] == first[1] + [
+        {"name": "after the kill"}
+    ]
 
 
 def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postgres):
@@ -1849,12 +2948,18 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
             if stop.is_set():
                 return
             plant_id = n * 1_000_000 + k
-            status, headers, _ = exchange(*addresses[k % 2], "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"})
+            status, headers, _ = exchange(
+                *addresses[k % 2],
+                "POST",
+                "/plants",
+                {"id": plant_id, "name": f"p{plant_id}"},
+            )
             answers.append((status, "Retry-After" in headers))
             if status == 200:
                 acknowledged.append(plant_id)
             else:
-                time.sleep(0.05)  # a real client would wait Retry-After seconds; the test keeps it short
+                # a real client would wait Retry-After seconds; the test keeps it short
+                time.sleep(0.05)
 
     clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
     for thread in clients:
@@ -1877,7 +2982,8 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
     assert {status for status, _ in answers} == {200, 503}
     assert all(has_retry_after for status, has_retry_after in answers if status == 503)
     listed = {p["name"] for p in over_http(*addresses[0], TOKEN, "GET", "/plants")[1]}
-    assert {f"p{plant_id}" for plant_id in acknowledged} <= listed  # nothing answered 200 is lost
+    # nothing answered 200 is lost
+    assert {f"p{plant_id}" for plant_id in acknowledged} <= listed
     for process, _, _, err in two_instances:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(WAIT)
@@ -1885,16 +2991,18 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
         assert "is unavailable" in logged and postgres.password not in logged
 
 
-# ---- Webhooks: a real receiver on loopback verifies every delivery with the reference library ----
+# ---- Webhooks: a receiver on loopback verifies each with the reference library ----
 
 SECRET = "whsec_" + base64.b64encode(b"plantstore-test-webhook-secret-32").decode()
 
 
 class Receiver:
-    """A webhook receiver on a loopback port of its own: verifies each delivery, answers as told."""
+    """A webhook receiver on a loopback port of its own: verifies each delivery, answers
+    as told."""
 
     def __init__(self, port=0):
-        self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None  # statuses: answered in turn
+        # statuses: answered in turn
+        self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None
         self.refused = set()  # the ids of plants whose event it answers 422, every time
         self.verifier = standardwebhooks.Webhook(SECRET)
         receiver = self
@@ -1902,14 +3010,18 @@ class Receiver:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                payload = receiver.verifier.verify(body, dict(self.headers.items()))  # raises unless signed right
+                # raises unless signed right
+                payload = receiver.verifier.verify(body, dict(self.headers.items()))
                 if receiver.hold:
                     receiver.hold.wait(WAIT)
                 time.sleep(receiver.delay)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
-                if payload["id"] in receiver.refused:  # this event, always: an answer all the same
+                # this event, always: an answer all the same
+                if payload["id"] in receiver.refused:
                     status = 422
-                receiver.deliveries.append((self.headers["webhook-id"], payload, status))
+                receiver.deliveries.append(
+                    (self.headers["webhook-id"], payload, status)
+                )
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -1920,7 +3032,11 @@ class Receiver:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/plant/webhook"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+        ).start()
 
     def stop(self):
         self.server.shutdown()
@@ -1928,12 +3044,16 @@ class Receiver:
 
     def delivered(self):
         """The payloads answered 2xx, in the order they came."""
-        return [payload for _, payload, status in self.deliveries if 200 <= status < 300]
+        return [
+            payload for _, payload, status in self.deliveries if 200 <= status < 300
+        ]
 
     def wait_for(self, count):
         deadline = time.monotonic() + WAIT
         while len(self.delivered()) < count:
-            assert time.monotonic() < deadline, f"{len(self.delivered())} of {count} deliveries came"
+            assert time.monotonic() < deadline, (
+                f"{len(self.delivered())} of {count} deliveries came"
+            )
             time.sleep(0.05)
         return self.delivered()
 
@@ -1954,14 +3074,19 @@ def receiver():
 
 @pytest.fixture
 def webhook_app(monkeypatch):
-    """make_app with webhooks, on a schedule short enough for a test; its sender is always closed."""
+    """make_app with webhooks, on a schedule short enough for a test; its sender is
+    always closed."""
     monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
     monkeypatch.setattr(plantstore.WebhookSender, "PROBE_SECONDS", 0.3)
     monkeypatch.setattr(plantstore.WebhookSender, "POLL_SECONDS", 0.05)
     apps = []
 
     def build(store, *urls, secret=SECRET):
-        apps.append(make_app([TOKEN], store=store, webhook_urls=list(urls), webhook_secret=secret))
+        apps.append(
+            make_app(
+                [TOKEN], store=store, webhook_urls=list(urls), webhook_secret=secret
+            )
+        )
         return webtest.TestApp(apps[-1])
 
     yield build
@@ -1969,19 +3094,30 @@ def webhook_app(monkeypatch):
         application.webhook_sender.close()
 
 
-def test_each_create_is_delivered_signed_and_a_409_is_not(any_store, webhook_app, receiver):
+def test_each_create_is_delivered_signed_and_a_409_is_not(
+    any_store, webhook_app, receiver
+):
     hook = receiver()
     application = webhook_app(any_store, hook.url)
-    plants = [{"id": n, "name": f"p{n}", **({"tag": "indoor"} if n % 2 else {})} for n in range(20)]
+    plants = [
+        {"id": n, "name": f"p{n}", **({"tag": "indoor"} if n % 2 else {})}
+        for n in range(20)
+    ]
     for plant in plants:
         post(application, plant, 200)
     post(application, {"id": 3, "name": "a duplicate"}, 409)
-    assert sorted(hook.wait_for(20), key=lambda plant: plant["id"]) == plants  # exactly the NewPlant created
+    # exactly the NewPlant created
+    assert sorted(hook.wait_for(20), key=lambda plant: plant["id"]) == plants
     time.sleep(0.5)
-    assert len(hook.deliveries) == 20 and len({webhook_id for webhook_id, _, _ in hook.deliveries}) == 20
+    assert (
+        len(hook.deliveries) == 20
+        and len({webhook_id for webhook_id, _, _ in hook.deliveries}) == 20
+    )
 
 
-def test_a_failed_delivery_is_retried_with_the_same_webhook_id(any_store, webhook_app, receiver):
+def test_a_failed_delivery_is_retried_with_the_same_webhook_id(
+    any_store, webhook_app, receiver
+):
     hook = receiver()
     hook.statuses = [500, 503]
     post(webhook_app(any_store, hook.url), {"id": 1, "name": "Fern"}, 200)
@@ -1994,25 +3130,31 @@ def test_no_redirect_is_followed(store, webhook_app, receiver):
     hook, elsewhere = receiver(), receiver()
     hook.statuses = [307]
     post(webhook_app(store, hook.url), {"id": 1, "name": "Fern"}, 200)
-    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]  # retried at the URL it was given
+    # retried at the URL it was given
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
     assert elsewhere.deliveries == []
 
 
 def test_a_slow_receiver_holds_up_no_create(store, webhook_app, receiver):
     hook = receiver()
-    hook.hold = threading.Event()  # the receiver answers nothing until the creates are done
+    # the receiver answers nothing until the creates are done
+    hook.hold = threading.Event()
     application = webhook_app(store, hook.url)
     try:
         for plant_id in range(10):
             post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
-        assert hook.deliveries == []  # every create answered while the receiver still held its first delivery
+        # every create answered while the receiver still held its first delivery
+        assert hook.deliveries == []
     finally:
         hook.hold.set()
     assert len(hook.wait_for(10)) == 10
 
 
-def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_store, webhook_app, receiver, monkeypatch):
-    # Retried once, then waiting on a long step: the probe must bring them as soon as the receiver is back.
+def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(
+    any_store, webhook_app, receiver, monkeypatch
+):
+    # Retried once, then waiting on a long step: the probe must bring them as soon as
+    # the receiver is back.
     monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 60))
     hook = receiver()
     port, application = hook.server.server_address[1], webhook_app(any_store, hook.url)
@@ -2024,35 +3166,46 @@ def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(any_stor
     assert sorted(plant["id"] for plant in back.wait_for(10)) == list(range(10))
 
 
-def test_a_webhook_receiver_back_but_refusing_its_oldest_event_gets_the_others(store, webhook_app, receiver,
-                                                                               monkeypatch):
-    """A probe that gets an answer, even a 4xx, ends the probing: the other events are not held."""
+def test_a_webhook_receiver_back_but_refusing_its_oldest_event_gets_the_others(
+    store, webhook_app, receiver, monkeypatch
+):
+    """A probe that gets an answer, even a 4xx, ends the probing: the other events are
+    not held."""
     monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 60))
     hook = receiver()
     port, application = hook.server.server_address[1], webhook_app(store, hook.url)
     hook.stop()
     for plant_id in range(5):
         post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
-    time.sleep(0.5)  # refused, retried and refused again: the receiver is probed with the oldest
+    # refused, retried and refused again: the receiver is probed with the oldest
+    time.sleep(0.5)
     back = receiver(port)
     back.refused = {0}
     assert sorted(plant["id"] for plant in back.wait_for(4)) == [1, 2, 3, 4]
 
 
 class TricklingReceiver:
-    """A receiver that sends its status line, then one byte at a time, never ending its headers."""
+    """A receiver that sends its status line, then one byte at a time, never ending its
+    headers."""
 
     def __init__(self, every):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/plant/webhook"
-        self.every, self.attempts, self.ids, self.stopped = every, [], [], threading.Event()
+        self.every, self.attempts, self.ids, self.stopped = (
+            every,
+            [],
+            [],
+            threading.Event(),
+        )
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
         with contextlib.suppress(OSError):
             while True:
                 connection, _ = self.listener.accept()
-                threading.Thread(target=self._trickle, args=(connection,), daemon=True).start()
+                threading.Thread(
+                    target=self._trickle, args=(connection,), daemon=True
+                ).start()
 
     def _trickle(self, connection):
         attempt = [time.monotonic(), None]  # opened, and closed by the sender
@@ -2063,7 +3216,9 @@ class TricklingReceiver:
                 connection.sendall(b"HTTP/1.1 200 OK\r\n")
                 while not self.stopped.wait(self.every):
                     connection.sendall(b"X")  # a header that never ends
-                    if select.select([connection], [], [], 0)[0] and not connection.recv(65536):
+                    if select.select([connection], [], [], 0)[
+                        0
+                    ] and not connection.recv(65536):
                         break  # the sender hung up
         attempt[1] = time.monotonic()
 
@@ -2072,8 +3227,9 @@ class TricklingReceiver:
         self.listener.close()
 
 
-def test_a_trickling_webhook_receiver_holds_up_no_other_and_each_attempt_ends_at_its_deadline(
-        store, webhook_app, receiver, monkeypatch):
+def test_a_trickling_receiver_holds_up_no_other_and_each_attempt_ends_at_its_deadline(
+    store, webhook_app, receiver, monkeypatch
+):
     monkeypatch.setattr(plantstore.WebhookSender, "TIMEOUT", 1.5)
     slow, healthy = TricklingReceiver(every=0.3), receiver()
     try:
@@ -2082,20 +3238,28 @@ def test_a_trickling_webhook_receiver_holds_up_no_other_and_each_attempt_ends_at
             post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
         assert sorted(plant["id"] for plant in healthy.wait_for(12)) == list(range(12))
         deadline = time.monotonic() + WAIT
-        while len(set(slow.ids)) == len(slow.ids):  # a cut attempt is no delivery: it is tried again
-            assert time.monotonic() < deadline, "no event to the trickling receiver was tried again"
+        # a cut attempt is no delivery: it is tried again
+        while len(set(slow.ids)) == len(slow.ids):
+            assert time.monotonic() < deadline, (
+                "no event to the trickling receiver was tried again"
+            )
             time.sleep(0.1)
-        first = slow.attempts[:plantstore.WebhookSender.PER_URL]  # sent at once, then cut
+        # sent at once, then cut
+        first = slow.attempts[: plantstore.WebhookSender.PER_URL]
         while any(closed is None for _, closed in first):
-            assert time.monotonic() < deadline, "an attempt to the trickling receiver stayed open"
+            assert time.monotonic() < deadline, (
+                "an attempt to the trickling receiver stayed open"
+            )
             time.sleep(0.1)
-        assert all(closed - opened < 1.5 + 1 for opened, closed in first)  # TIMEOUT, and a poll
+        # TIMEOUT, and a poll
+        assert all(closed - opened < 1.5 + 1 for opened, closed in first)
     finally:
         slow.stop()
 
 
 def test_webhook_events_of_a_url_no_longer_configured_are_dropped_after_a_restart(
-        tmp_path, webhook_app, receiver, capsys):
+    tmp_path, webhook_app, receiver, capsys
+):
     removed, kept = receiver(), receiver()
     ports = [r.server.server_address[1] for r in (removed, kept)]
     removed.stop()
@@ -2103,20 +3267,26 @@ def test_webhook_events_of_a_url_no_longer_configured_are_dropped_after_a_restar
     path = tmp_path / "plants.sqlite3"
     before = webhook_app(SQLiteStore(path), removed.url, kept.url)
     for plant_id in range(3):
-        post(before, {"id": plant_id, "name": f"p{plant_id}"}, 200)  # both receivers are down
+        # both receivers are down
+        post(before, {"id": plant_id, "name": f"p{plant_id}"}, 200)
     before.app.webhook_sender.close()
     removed, kept = receiver(ports[0]), receiver(ports[1])
-    after = webhook_app(SQLiteStore(path), kept.url)  # the restart, with one URL taken out
+    # the restart, with one URL taken out
+    after = webhook_app(SQLiteStore(path), kept.url)
     after.get("/health", status=200)  # the first request starts the sender
     assert sorted(plant["id"] for plant in kept.wait_for(3)) == [0, 1, 2]
     time.sleep(0.5)
     assert removed.deliveries == []
     logged = capsys.readouterr().err
-    assert logged.count("3 waiting webhook events are dropped") == 1 and "/plant/webhook" not in logged
+    assert (
+        logged.count("3 waiting webhook events are dropped") == 1
+        and "/plant/webhook" not in logged
+    )
 
 
-def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(store, webhook_app, receiver, monkeypatch,
-                                                               capsys):
+def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(
+    store, webhook_app, receiver, monkeypatch, capsys
+):
     monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING_BYTES", 2**20)
     hook = receiver()
     port = hook.server.server_address[1]
@@ -2136,7 +3306,8 @@ def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(store, webhook_ap
         count = len(back.delivered())
         time.sleep(1)
     delivered = sorted(plant["id"] for plant in back.delivered())
-    assert 10 <= len(delivered) <= 17 and delivered == list(range(len(delivered)))  # the first MB
+    # the first MB
+    assert 10 <= len(delivered) <= 17 and delivered == list(range(len(delivered)))
 
 
 def test_a_410_ends_deliveries_to_that_url_only(store, webhook_app, receiver, capsys):
@@ -2150,12 +3321,16 @@ def test_a_410_ends_deliveries_to_that_url_only(store, webhook_app, receiver, ca
         post(application, {"id": plant_id, "name": "later"}, 200)
     assert len(kept.wait_for(5)) == 5
     time.sleep(0.5)
-    assert [status for _, _, status in gone.deliveries] == [410]  # one attempt, then nothing more
+    # one attempt, then nothing more
+    assert [status for _, _, status in gone.deliveries] == [410]
     logged = capsys.readouterr().err
-    assert logged.count("answered 410 Gone") == 1 and "/plant/webhook" not in logged  # the host only
+    # the host only
+    assert logged.count("answered 410 Gone") == 1 and "/plant/webhook" not in logged
 
 
-def test_a_delivery_is_given_up_after_the_schedule(store, webhook_app, receiver, capsys):
+def test_a_delivery_is_given_up_after_the_schedule(
+    store, webhook_app, receiver, capsys
+):
     hook = receiver()
     hook.statuses = [500] * 10
     post(webhook_app(store, hook.url), {"id": 1, "name": "Fern"}, 200)
@@ -2164,42 +3339,73 @@ def test_a_delivery_is_given_up_after_the_schedule(store, webhook_app, receiver,
         assert time.monotonic() < deadline
         time.sleep(0.1)
     time.sleep(0.5)  # and no attempt after that
-    assert [status for _, _, status in hook.deliveries] == [500] * 4  # the first, then the schedule's three
+    # the first, then the schedule's three
+    assert [status for _, _, status in hook.deliveries] == [500] * 4
 
 
-@pytest.mark.parametrize("urls, secret, message", [
-    (["http://127.0.0.1:9/hook"], None, "PLANTSTORE_WEBHOOK_SECRET is required"),
-    (["http://127.0.0.1:9/hook"], "whsec_c2hvcnQ=", "at least 24 random bytes"),
-    (["http://127.0.0.1:9/hook"], "not-even-whsec-prefixed-secret-value", "must be whsec_"),
-    (["ftp://127.0.0.1/hook"], SECRET, "must be http:// or https://"),
-], ids=["no-secret", "short-secret", "not-whsec", "not-http"])
-def test_make_app_refuses_bad_webhook_settings_without_quoting_the_secret(urls, secret, message):
+@pytest.mark.parametrize(
+    "urls, secret, message",
+    [
+        (["http://127.0.0.1:9/hook"], None, "PLANTSTORE_WEBHOOK_SECRET is required"),
+        (["http://127.0.0.1:9/hook"], "whsec_c2hvcnQ=", "at least 24 random bytes"),
+        (
+            ["http://127.0.0.1:9/hook"],
+            "not-even-whsec-prefixed-secret-value",
+            "must be whsec_",
+        ),
+        (["ftp://127.0.0.1/hook"], SECRET, "must be http:// or https://"),
+    ],
+    ids=["no-secret", "short-secret", "not-whsec", "not-http"],
+)
+def test_make_app_refuses_bad_webhook_settings_without_quoting_the_secret(
+    urls, secret, message
+):
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
         make_app([TOKEN], webhook_urls=urls, webhook_secret=secret)
     assert not secret or secret.removeprefix("whsec_") not in str(raised.value)
 
 
 def test_the_document_has_the_samples_webhook(app):
-    webhook = app.get("/openapi.json", status=200).json["webhooks"]["/plant/webhook"]["post"]
-    assert webhook["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/NewPlant"}
+    webhook = app.get("/openapi.json", status=200).json["webhooks"]["/plant/webhook"][
+        "post"
+    ]
+    assert webhook["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/NewPlant"
+    }
     assert webhook["responses"]["200"]["description"].startswith("Return a 200 status")
 
 
 @pytest.mark.parametrize("database", ["memory", "sqlite"])
 def test_webhooks_under_gunicorn_preload_every_create_answers_and_every_event_arrives(
-        spawn, receiver, tmp_path, database):
-    """--preload builds the app in gunicorn's master, then forks: nothing may start, or hold a lock, before."""
-    for start in range(3):  # fresh starts: a lock held at the fork hung creates in some starts, not all
+    spawn, receiver, tmp_path, database
+):
+    """--preload builds the app in gunicorn's master, then forks: nothing may start, or
+    hold a lock, before."""
+    # fresh starts: a lock held at the fork hung creates in some starts, not all
+    for start in range(3):
         hook = receiver()
-        db = {"PLANTSTORE_DB": str(tmp_path / f"plants-{start}.sqlite3")} if database == "sqlite" else {}
-        env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_WEBHOOK_URL=hook.url,
-                                     PLANTSTORE_WEBHOOK_SECRET=SECRET, **db)
+        db = (
+            {"PLANTSTORE_DB": str(tmp_path / f"plants-{start}.sqlite3")}
+            if database == "sqlite"
+            else {}
+        )
+        env = environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+            **db,
+        )
         workers = 2 if database == "sqlite" else 1
         process, host, port, _ = start_gunicorn(spawn, env, workers, 4, "--preload")
         for plant_id in range(5):
-            connection = http.client.HTTPConnection(host, int(port), timeout=5)  # the issue's bar: 5 s
-            connection.request("POST", "/plants", json.dumps({"id": plant_id, "name": f"p{plant_id}"}),
-                               {"Content-Type": "application/json", **AUTH})
+            # the issue's bar: 5 s
+            connection = http.client.HTTPConnection(host, int(port), timeout=5)
+            connection.request(
+                "POST",
+                "/plants",
+                json.dumps({"id": plant_id, "name": f"p{plant_id}"}),
+                {"Content-Type": "application/json", **AUTH},
+            )
             assert connection.getresponse().status == 200
             connection.close()
         assert sorted(plant["id"] for plant in hook.wait_for(5)) == list(range(5))
@@ -2209,24 +3415,43 @@ def test_webhooks_under_gunicorn_preload_every_create_answers_and_every_event_ar
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
-def test_kill_9_between_creates_and_their_delivery_loses_no_event(spawn, receiver, tmp_path, database, request):
-    """The event is in the plant's own transaction: a 200 means a delivery, even across kill -9."""
+def test_kill_9_between_creates_and_their_delivery_loses_no_event(
+    spawn, receiver, tmp_path, database, request
+):
+    """The event is in the plant's own transaction: a 200 means a delivery, even across
+    kill -9."""
     hook = receiver()
     port = hook.server.server_address[1]
     hook.stop()  # the receiver is down while the plants are created
-    db = str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, PLANTSTORE_WEBHOOK_URL=hook.url,
-                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    db = (
+        str(tmp_path / "plants.sqlite3")
+        if database == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
     process, host, port_, err = start_gunicorn(spawn, env, workers=2, threads=4)
     for plant_id in range(30):
-        assert post_over_http(host, port_, TOKEN, {"id": plant_id, "name": f"p{plant_id}"})[0] == 200
-    time.sleep(1)  # each first attempt refused and settled, so no event is held by a sender that dies now
+        assert (
+            post_over_http(
+                host, port_, TOKEN, {"id": plant_id, "name": f"p{plant_id}"}
+            )[0]
+            == 200
+        )
+    # each first attempt refused and settled, so no event is held by a sender that dies
+    # now
+    time.sleep(1)
     os.killpg(process.pid, signal.SIGKILL)  # every process, at once
     process.wait(WAIT)
     logged = err.rest()
     back = receiver(port)
     process, host, port_, err = start_gunicorn(spawn, env, workers=2, threads=4)
-    assert over_http(host, port_, TOKEN, "GET", "/plants?limit=0")[0] == 200  # senders start on a request
+    # senders start on a request
+    assert over_http(host, port_, TOKEN, "GET", "/plants?limit=0")[0] == 200
     assert sorted(plant["id"] for plant in back.wait_for(30)) == list(range(30))
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(WAIT)
@@ -2235,11 +3460,12 @@ def test_kill_9_between_creates_and_their_delivery_loses_no_event(spawn, receive
 
 # ---- Promises at the edges (issue 29) ----
 
-EDGE_PASSWORD_PARTS = ("S3cretPW", "S3c", "retPW")  # the password, and the parts libpq would show of it
+# the password, and the parts libpq would show of it
+EDGE_PASSWORD_PARTS = ("S3cretPW", "S3c", "retPW")
 
 
-# PLANTSTORE_DB values of no form it takes; {closed} is a port nothing listens on, which libpq never reaches:
-# it refuses the option's value first.
+# PLANTSTORE_DB values of no form it takes; {closed} is a port nothing listens on, which
+# libpq never reaches: it refuses the option's value first.
 DB_FORMS_OF_NO_KIND = {
     "double-quoted-url": '"postgresql://app:S3cretPW@127.0.0.1/db"',
     "single-quoted-libpq-string": "'host=127.0.0.1 password=S3cretPW'",
@@ -2248,8 +3474,17 @@ DB_FORMS_OF_NO_KIND = {
     "at-in-the-password": "postgresql://app:S3c@retPW@127.0.0.1/plants",
     "question-mark-in-the-password": "postgresql://app:S3c?retPW@127.0.0.1/db",
     "hash-in-the-password": "postgresql://app:S3c#retPW@127.0.0.1/db",
-    **{f"{option}={value}": f"host=127.0.0.1 port={{closed}} {option}={value} password=S3cretPW dbname=plants"
-       for option, value in [("connect_timeout", "abc"), ("sslmode", "bogus"), ("keepalives", "x")]},
+    **{
+        f"{option}={value}": (
+            f"host=127.0.0.1 port={{closed}} {option}={value}"
+            " password=S3cretPW dbname=plants"
+        )
+        for option, value in [
+            ("connect_timeout", "abc"),
+            ("sslmode", "bogus"),
+            ("keepalives", "x"),
+        ]
+    },
 }
 
 
@@ -2258,7 +3493,8 @@ def db_form_of_no_kind(form):
 
 
 def assert_no_secret_and_the_option_named(said, form):
-    """No traceback, nothing of the password nor the user-info; a libpq option named, its value never quoted."""
+    """No traceback, nothing of the password nor the user-info; a libpq option named,
+    its value never quoted."""
     assert "Traceback" not in said and "app:" not in said
     for part in EDGE_PASSWORD_PARTS:
         assert part not in said
@@ -2268,30 +3504,63 @@ def assert_no_secret_and_the_option_named(said, form):
 
 
 @pytest.mark.parametrize("form", DB_FORMS_OF_NO_KIND)
-def test_edges_python_plantstore_py_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(form, tmp_path):
-    (tmp_path / "tmp").mkdir()  # the process's own temporary folder, to see that nothing lands in it
+def test_edges_plantstore_py_refuses_a_db_value_of_no_form_in_one_line_quoting_nothing(
+    form, tmp_path
+):
+    # the process's own temporary folder, to see that nothing lands in it
+    (tmp_path / "tmp").mkdir()
     value = db_form_of_no_kind(form)
-    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=value, TMPDIR=str(tmp_path / "tmp"))
+    code, lines = run_plantstore(
+        tmp_path, PLANTSTORE_DB=value, TMPDIR=str(tmp_path / "tmp")
+    )
     said = "".join(lines)
-    assert code == 2 and len(lines) == 1 and said.startswith("plantstore: PLANTSTORE_DB"), lines
+    assert (
+        code == 2 and len(lines) == 1 and said.startswith("plantstore: PLANTSTORE_DB")
+    ), lines
     assert_no_secret_and_the_option_named(said, form)
     assert value.strip("\"'\ufeff") not in said
-    assert [path.name for path in tmp_path.iterdir()] == ["tmp"] and list((tmp_path / "tmp").iterdir()) == []
+    assert [path.name for path in tmp_path.iterdir()] == ["tmp"] and list(
+        (tmp_path / "tmp").iterdir()
+    ) == []
 
 
-@pytest.mark.parametrize("form", ["single-quoted-libpq-string", "at-in-the-password", "keepalives=x"])
-def test_edges_gunicorn_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(form, spawn, tmp_path):
+@pytest.mark.parametrize(
+    "form", ["single-quoted-libpq-string", "at-in-the-password", "keepalives=x"]
+)
+def test_edges_gunicorn_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(
+    form, spawn, tmp_path
+):
     work, tmp = tmp_path / "work", tmp_path / "tmp"
     work.mkdir()
     tmp.mkdir()
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db_form_of_no_kind(form),
-                                 TMPDIR=str(tmp), PYTHONPATH=str(HERE))  # this plantstore.py, from `work`
-    process = spawn([sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-b", "127.0.0.1:0",
-                     "--chdir", str(work), "plantstore:app"], env)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db_form_of_no_kind(form),
+        TMPDIR=str(tmp),
+        PYTHONPATH=str(HERE),  # this plantstore.py, from `work`
+    )
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-w",
+            "1",
+            "--threads",
+            "8",
+            "-b",
+            "127.0.0.1:0",
+            "--chdir",
+            str(work),
+            "plantstore:app",
+        ],
+        env,
+    )
     assert process.wait(WAIT) != 0
     said = process.stderr.read()
     named = [line for line in said.splitlines() if "PLANTSTORE_DB" in line]
-    assert len(named) == 1 and named[0].startswith("PLANTSTORE_DB"), said  # AppImportError's line, as it is
+    # AppImportError's line, as it is
+    assert len(named) == 1 and named[0].startswith("PLANTSTORE_DB"), said
     assert_no_secret_and_the_option_named(said, form)
     assert list(work.iterdir()) == [] and list(tmp.iterdir()) == []
 
@@ -2301,43 +3570,84 @@ AWKWARD_PASSWORD = "S3c@re?t#PW"  # @ ? #: each written percent-encoded in a URL
 
 @pytest.fixture
 def awkward_role(limited_role, postgres):
-    """limited_role, its password holding @ ? and #, given its tables by their owner; and its URL."""
+    """limited_role, its password holding @ ? and #, given its tables by their owner;
+    and its URL."""
     with psycopg.connect(limited_role["owner"], autocommit=True) as db:
-        db.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(limited_role["role"]),
-                                                               sql.Literal(AWKWARD_PASSWORD)))
+        db.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(limited_role["role"]), sql.Literal(AWKWARD_PASSWORD)
+            )
+        )
     plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
     grant_the_tables(limited_role)
     role = limited_role["role"]
-    encoded = AWKWARD_PASSWORD.replace("@", "%40").replace("?", "%3F").replace("#", "%23")
-    return {**limited_role, "url": f"postgresql://{role}:{encoded}@127.0.0.1:{postgres.port}/{role}"}
+    encoded = (
+        AWKWARD_PASSWORD.replace("@", "%40").replace("?", "%3F").replace("#", "%23")
+    )
+    return {
+        **limited_role,
+        "url": f"postgresql://{role}:{encoded}@127.0.0.1:{postgres.port}/{role}",
+    }
 
 
-def test_edges_a_percent_encoded_password_reaches_the_database_and_shows_on_no_start_or_outage_line(
-        awkward_role, spawn):
+def test_edges_a_percent_encoded_password_connects_and_shows_on_no_start_or_outage_line(
+    awkward_role, spawn
+):
     role = awkward_role["role"]
-    process = spawn([sys.executable, "plantstore.py", "--port", "0"],
-                    environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=awkward_role["url"]))
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=awkward_role["url"]
+        ),
+    )
     err = Lines(process.stderr)
     host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
     assert f"plants in PostgreSQL postgresql://{role}@127.0.0.1:" in "".join(err.seen)
-    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
     with psycopg.connect(awkward_role["owner"], autocommit=True) as db:
-        assert db.execute("SELECT id FROM plants").fetchall() == [(1,)]  # stored, by the role with that password
+        # stored, by the role with that password
+        assert db.execute("SELECT id FROM plants").fetchall() == [(1,)]
 
         def may_log_in(yes):
-            db.execute(sql.SQL("ALTER ROLE {} " + ("LOGIN" if yes else "NOLOGIN")).format(sql.Identifier(role)))
-            db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role])
-            wait_until(lambda: not db.execute("SELECT pid FROM pg_stat_activity WHERE usename = %s",
-                                              [role]).fetchall(), "the role's connections stayed")
+            db.execute(
+                sql.SQL("ALTER ROLE {} " + ("LOGIN" if yes else "NOLOGIN")).format(
+                    sql.Identifier(role)
+                )
+            )
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = %s",
+                [role],
+            )
+            wait_until(
+                lambda: (
+                    not db.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE usename = %s", [role]
+                    ).fetchall()
+                ),
+                "the role's connections stayed",
+            )
 
         may_log_in(False)  # an outage: its connection is gone, and no new one is let in
         try:
-            status, headers, body = exchange(host, port, "POST", "/plants", {"id": 2, "name": "Ivy"})
-            assert status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503
+            status, headers, body = exchange(
+                host, port, "POST", "/plants", {"id": 2, "name": "Ivy"}
+            )
+            assert (
+                status == 503
+                and int(headers["Retry-After"]) > 0
+                and body["error"] == 503
+            )
             err.until("is unavailable")
         finally:
             may_log_in(True)
-    assert post_over_http(host, port, TOKEN, {"id": 3, "name": "Moss"}) == (200, {"name": "Moss"})
+    assert post_over_http(host, port, TOKEN, {"id": 3, "name": "Moss"}) == (
+        200,
+        {"name": "Moss"},
+    )
     err.until("reachable again")
     process.send_signal(signal.SIGINT)
     assert process.wait(WAIT) == 0
@@ -2347,54 +3657,78 @@ def test_edges_a_percent_encoded_password_reaches_the_database_and_shows_on_no_s
         assert part not in said
 
 
-def test_edges_a_table_locked_elsewhere_costs_a_fresh_servers_requests_their_bound_not_the_locks_length(
-        spawn, pg_url):
+def test_edges_a_table_locked_elsewhere_costs_requests_their_bound_not_the_locks_length(
+    spawn, pg_url
+):
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
     _, host, port, _ = start_gunicorn(spawn, env, 1, 8)
     deadline = time.monotonic() + WAIT
-    while True:  # the worker has built the app, and made the tables: asking no question of the database
+    # the worker has built the app, and made the tables: asking no question of the
+    # database
+    while True:
         with contextlib.suppress(OSError):
             if exchange(host, port, "GET", "/openapi.json")[0] == 200:
                 break
         assert time.monotonic() < deadline, "gunicorn never served"
         time.sleep(0.05)
-    locker = psycopg.connect(pg_url)  # not autocommit: the lock lasts until the transaction ends
+    # not autocommit: the lock lasts until the transaction ends
+    locker = psycopg.connect(pg_url)
     locker.execute("LOCK TABLE plants IN ACCESS EXCLUSIVE MODE")
     released, release_once = threading.Event(), threading.Lock()
 
     def release():
         with release_once:
             if not released.is_set():
-                released.set()  # set first: an answer that finds it unset came while the lock was held
+                # set first: an answer that finds it unset came while the lock was held
+                released.set()
                 locker.rollback()
 
-    timer = threading.Timer(15, release)  # the lock is held ~15 s at most, whatever happens here
+    # the lock is held ~15 s at most, whatever happens here
+    timer = threading.Timer(15, release)
     timer.start()
     try:
+
         def ask(n):
             if n < 4:
-                answer = exchange(host, port, "POST", "/plants", {"id": n, "name": f"p{n}"})
+                answer = exchange(
+                    host, port, "POST", "/plants", {"id": n, "name": f"p{n}"}
+                )
             else:
                 answer = exchange(host, port, "GET", "/health")
             return (*answer, released.is_set())
+
         answers = in_threads(6, ask)
     finally:
         release()
         timer.cancel()
         locker.close()
-    assert [late for *_, late in answers] == [False] * 6  # each answered while the lock was still held
+    # each answered while the lock was still held
+    assert [late for *_, late in answers] == [False] * 6
     for status, headers, body, _ in answers[:4]:  # the creates
-        assert (status, body.get("error")) == (503, 503) and int(headers["Retry-After"]) > 0, body
-    # The health checks: the database answers (a lock on one table is no outage, and a 503 here
-    # would take every instance out of its load balancer at once), within their own bound.
-    assert [(status, body) for status, _, body, _ in answers[4:]] == [(200, {"status": "ok"})] * 2
-    for n in range(4):  # a create cut at its bound may have been committed since: 200, or 409
-        assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (200, 409)
-    assert post_over_http(host, port, TOKEN, {"id": 10, "name": "after"}) == (200, {"name": "after"})
+        assert (status, body.get("error")) == (503, 503) and int(
+            headers["Retry-After"]
+        ) > 0, body
+    # The health checks: the database answers (a lock on one table is no outage, and a
+    # 503 here would take every instance out of its load balancer at once), within their
+    # own bound.
+    assert [(status, body) for status, _, body, _ in answers[4:]] == [
+        (200, {"status": "ok"})
+    ] * 2
+    # a create cut at its bound may have been committed since: 200, or 409
+    for n in range(4):
+        assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (
+            200,
+            409,
+        )
+    assert post_over_http(host, port, TOKEN, {"id": 10, "name": "after"}) == (
+        200,
+        {"name": "after"},
+    )
     assert exchange(host, port, "GET", "/health")[0] == 200
 
 
-STATUSES_RAISED = [(499, 499), (600, 500), ("503", 500), (100, 500), (102, 500)]  # raised, answered
+# raised, answered
+STATUSES_RAISED = [(499, 499), (600, 500), ("503", 500), (100, 500), (102, 500)]
 
 
 class RaisingStore:
@@ -2403,27 +3737,40 @@ class RaisingStore:
     def __init__(self, status):
         self.status = status
 
-    def add(self, plant_id, name, tag):
+    def add(self, plant_id, name, tag):  # noqa: ARG002 (Store's signature)
         raise plantstore.HTTPError(self.status, f"the store raised {self.status!r}")
 
-    def page(self, after, limit):
+    def page(self, after, limit):  # noqa: ARG002 (Store's signature)
         return []
 
-    def delete(self, plant_id):
+    def delete(self, plant_id):  # noqa: ARG002 (Store's signature)
         return False
 
 
-@pytest.mark.parametrize("raised, answered", STATUSES_RAISED, ids=[repr(raised) for raised, _ in STATUSES_RAISED])
-def test_edges_any_status_a_store_raises_is_a_final_answer_under_webtest(raised, answered):
-    application = webtest.TestApp(make_app([TOKEN], store=RaisingStore(raised)))  # lint: WSGI's validator
+@pytest.mark.parametrize(
+    "raised, answered",
+    STATUSES_RAISED,
+    ids=[repr(raised) for raised, _ in STATUSES_RAISED],
+)
+def test_edges_any_status_a_store_raises_is_a_final_answer_under_webtest(
+    raised, answered
+):
+    # lint: WSGI's validator
+    application = webtest.TestApp(make_app([TOKEN], store=RaisingStore(raised)))
     response = post(application, {"id": 1, "name": "Fern"}, answered)
     assert_error(response, answered)
     if answered == 500:  # no status of HTTP: the server's fault, logged once
         assert response.json["message"] == "internal server error"
         assert response.errors.count("Traceback") == 1
-        assert response.errors.count(f"plantstore.HTTPError: the store raised {raised!r}") == 1
+        assert (
+            response.errors.count(f"plantstore.HTTPError: the store raised {raised!r}")
+            == 1
+        )
     else:
-        assert response.json["message"] == f"the store raised {raised!r}" and response.errors == ""
+        assert (
+            response.json["message"] == f"the store raised {raised!r}"
+            and response.errors == ""
+        )
 
 
 RAISING_APP = """
@@ -2436,7 +3783,8 @@ STATUSES = {STATUSES}  # by plant id: the status the store raises
 
 class RaisingStore:
     def add(self, plant_id, name, tag):
-        raise plantstore.HTTPError(STATUSES[plant_id], f"the store raised {{STATUSES[plant_id]!r}}")
+        status = STATUSES[plant_id]
+        raise plantstore.HTTPError(status, f"the store raised {{status!r}}")
 
     def page(self, after, limit):
         return []
@@ -2445,7 +3793,8 @@ class RaisingStore:
         return False
 
 
-app = plantstore.make_app(os.environ["PLANTSTORE_TOKENS"].split(","), store=RaisingStore())
+tokens = os.environ["PLANTSTORE_TOKENS"].split(",")
+app = plantstore.make_app(tokens, store=RaisingStore())
 """
 
 
@@ -2455,18 +3804,36 @@ def wait_listening(process, port):
         with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
             return
-        assert process.poll() is None and time.monotonic() < deadline, "the server is not listening"
+        assert process.poll() is None and time.monotonic() < deadline, (
+            "the server is not listening"
+        )
         time.sleep(0.05)
 
 
 @pytest.mark.parametrize("server", ["gunicorn", "granian"])
-def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(server, spawn, tmp_path):
+def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(
+    server, spawn, tmp_path
+):
     statuses = {n: raised for n, (raised, _) in enumerate(STATUSES_RAISED, 1)}
     (tmp_path / "raising_app.py").write_text(RAISING_APP.format(STATUSES=statuses))
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PYTHONPATH=str(tmp_path))  # plantstore: this folder's
+    # plantstore: this folder's
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PYTHONPATH=str(tmp_path))
     if server == "gunicorn":
-        process = spawn([sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-b", "127.0.0.1:0",
-                         "raising_app:app"], env)
+        process = spawn(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-w",
+                "1",
+                "--threads",
+                "8",
+                "-b",
+                "127.0.0.1:0",
+                "raising_app:app",
+            ],
+            env,
+        )
         log = Lines(process.stderr)
         port = int(log.until(r"Listening at: http://[\d.]+:(\d+)")[1])
     else:
@@ -2476,50 +3843,78 @@ def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(s
         port = int(command[command.index("--port") + 1])
     wait_listening(process, port)
     for plant_id, (raised, answered) in enumerate(STATUSES_RAISED, 1):
-        status, headers, body = exchange("127.0.0.1", port, "POST", "/plants", {"id": plant_id, "name": "Fern"})
-        assert (status, body["error"]) == (answered, answered), raised  # final, with a client's timeout
-        assert {name.lower(): value for name, value in headers.items()}["content-type"] == "application/json"
+        status, headers, body = exchange(
+            "127.0.0.1", port, "POST", "/plants", {"id": plant_id, "name": "Fern"}
+        )
+        # final, with a client's timeout
+        assert (status, body["error"]) == (answered, answered), raised
+        assert {name.lower(): value for name, value in headers.items()}[
+            "content-type"
+        ] == "application/json"
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(WAIT)
-    logged = (log.rest() if server == "gunicorn" else process.stderr.read()) + process.stdout.read()
+    logged = (
+        log.rest() if server == "gunicorn" else process.stderr.read()
+    ) + process.stdout.read()
     for raised, answered in STATUSES_RAISED:
-        assert logged.count(f"plantstore.HTTPError: the store raised {raised!r}") == (answered == 500), raised
+        assert logged.count(f"plantstore.HTTPError: the store raised {raised!r}") == (
+            answered == 500
+        ), raised
 
 
-def test_edges_a_health_flood_holds_no_more_than_the_pool_and_holds_up_no_other_instance(spawn, pg_url):
+def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_instance(
+    spawn, pg_url
+):
     def embedded(url):
-        process = spawn([sys.executable, "plantstore.py", "--port", "0"],
-                        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url))
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", "0"],
+            environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        )
         err = Lines(process.stderr)
-        return process, err, err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+        return (
+            process,
+            err,
+            err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(),
+        )
 
-    flooded, flooded_err, address = embedded(pg_url + "?application_name=flooded")  # its connections, named
+    # its connections, named
+    flooded, flooded_err, address = embedded(pg_url + "?application_name=flooded")
     _, _, other = embedded(pg_url)
     ending, statuses = time.monotonic() + 4, []
 
-    def flood(n):
+    def flood():
         while time.monotonic() < ending:
             try:
                 statuses.append(exchange(*address, "GET", "/health")[0])
-            except OSError as error:  # counted: a refused or reset connection is an answer too
+            except OSError as error:
+                # counted: a refused or reset connection is an answer too
                 statuses.append(repr(error))
 
-    clients = [threading.Thread(target=flood, args=(n,)) for n in range(60)]
+    clients = [threading.Thread(target=flood) for _ in range(60)]
     for client in clients:
         client.start()
     held, created = [], None
     try:
         with psycopg.connect(pg_url, autocommit=True) as db:
             while time.monotonic() < ending:
-                held.append(db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'flooded'")
-                            .fetchone()[0])
-                if created is None and len(statuses) > 60:  # the flood is on: a create on the other instance
-                    created = post_over_http(*other, TOKEN, {"id": 1, "name": "Fern"}), time.monotonic() < ending
+                held.append(
+                    db.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = 'flooded'"
+                    ).fetchone()[0]
+                )
+                # the flood is on: a create on the other instance
+                if created is None and len(statuses) > 60:
+                    created = (
+                        post_over_http(*other, TOKEN, {"id": 1, "name": "Fern"}),
+                        time.monotonic() < ending,
+                    )
                 time.sleep(0.05)
     finally:
         for client in clients:
             client.join(WAIT)
-    assert created == ((200, {"name": "Fern"}), True)  # answered while the flood was still on
+    # answered while the flood was still on
+    assert created == ((200, {"name": "Fern"}), True)
     assert max(held) <= plantstore.SQLStore.POOL_SIZE + 1, held
     assert len(statuses) > 60 and set(statuses) == {200}
     flooded.send_signal(signal.SIGINT)
@@ -2528,12 +3923,23 @@ def test_edges_a_health_flood_holds_no_more_than_the_pool_and_holds_up_no_other_
 
 
 class RawReceiver:
-    """A webhook receiver on a raw socket: records each request's target and verified payload, then sends
-    `answer` as it is (HTTP or not) and closes."""
+    """A webhook receiver on a raw socket: records each request's target and verified
+    payload, then sends `answer` as it is (HTTP or not) and closes."""
 
-    def __init__(self, answer=b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", host="127.0.0.1", port=0):
-        self.listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.port, self.answer, self.requests = self.listener.getsockname()[1], answer, []  # (target, payload)
+    def __init__(
+        self,
+        answer=b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+        host="127.0.0.1",
+        port=0,
+    ):
+        self.listener = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
+        self.port, self.answer, self.requests = (
+            self.listener.getsockname()[1],
+            answer,
+            [],  # (target, payload)
+        )
         self.verifier = standardwebhooks.Webhook(SECRET)
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -2545,7 +3951,9 @@ class RawReceiver:
         with contextlib.suppress(OSError):
             while True:
                 connection, _ = self.listener.accept()
-                threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+                threading.Thread(
+                    target=self._answer, args=(connection,), daemon=True
+                ).start()
 
     def _answer(self, connection):
         with connection, contextlib.suppress(OSError):
@@ -2556,9 +3964,13 @@ class RawReceiver:
             head, _, body = data.partition(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             headers = dict(line.split(": ", 1) for line in lines[1:])
-            while len(body) < int(headers["Content-Length"]) and (chunk := connection.recv(65536)):
+            while len(body) < int(headers["Content-Length"]) and (
+                chunk := connection.recv(65536)
+            ):
                 body += chunk
-            self.requests.append((lines[0].split(" ")[1], self.verifier.verify(body, headers)))
+            self.requests.append(
+                (lines[0].split(" ")[1], self.verifier.verify(body, headers))
+            )
             connection.sendall(self.answer)
 
     def stop(self):
@@ -2579,90 +3991,136 @@ def raw_receiver():
 
 
 def wait_until(condition, what, seconds=WAIT):
-    """Wait for condition(), failing after `seconds` with `what` (or what(), said as things are then)."""
+    """Wait for condition(), failing after `seconds` with `what` (or what(), said as
+    things are then)."""
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.05)
 
 
-def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_as_utf_8(store, webhook_app,
-                                                                                           raw_receiver):
+def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_utf_8(
+    store, webhook_app, raw_receiver
+):
     hook = raw_receiver()
     url = hook.url("/réception")
     settings = {"PLANTSTORE_WEBHOOK_URL": url, "PLANTSTORE_WEBHOOK_SECRET": SECRET}
-    assert len(plantstore.options_from_environ(settings)["webhook_urls"]) == 1  # accepted, not refused
+    # accepted, not refused
+    assert len(plantstore.options_from_environ(settings)["webhook_urls"]) == 1
     post(webhook_app(store, url), {"id": 1, "name": "Fern"}, 200)
     wait_until(lambda: hook.requests, "the event never came", 10)
     assert hook.requests == [("/r%C3%A9ception", {"id": 1, "name": "Fern"})]
 
 
-def test_edges_a_webhook_url_on_ipv6_loopback_is_delivered_to_its_port_or_else_to_80(store, webhook_app,
-                                                                                     raw_receiver):
+def test_edges_a_webhook_url_on_ipv6_loopback_is_delivered_to_its_port_or_else_to_80(
+    store, webhook_app, raw_receiver
+):
     with_port = raw_receiver(host="::1")
-    on_80 = raw_receiver(host="::1", port=80)  # root may bind it; if it cannot, the test fails
+    # root may bind it; if it cannot, the test fails
+    on_80 = raw_receiver(host="::1", port=80)
     application = webhook_app(store, with_port.url(), "http://[::1]/hook")
     post(application, {"id": 1, "name": "Fern"}, 200)
-    wait_until(lambda: with_port.requests and on_80.requests,
-               lambda: f"events to [::1]: {with_port.requests} with its port, {on_80.requests} on port 80", 10)
-    assert with_port.requests == on_80.requests == [("/hook", {"id": 1, "name": "Fern"})]
+    wait_until(
+        lambda: with_port.requests and on_80.requests,
+        lambda: (
+            f"events to [::1]: {with_port.requests} with its port, "
+            f"{on_80.requests} on port 80"
+        ),
+        10,
+    )
+    assert (
+        with_port.requests == on_80.requests == [("/hook", {"id": 1, "name": "Fern"})]
+    )
 
 
-def test_edges_a_receiver_that_answers_garbage_is_retried_on_the_schedule_then_given_up_and_holds_up_no_other(
-        store, webhook_app, raw_receiver, receiver, capsys):
-    garbage, healthy = raw_receiver(b"SSH-2.0-OpenSSH_9.2p1\r\n"), receiver()  # not HTTP at all
+def test_edges_a_garbage_receiver_is_retried_on_schedule_given_up_and_holds_up_no_other(
+    store, webhook_app, raw_receiver, receiver, capsys
+):
+    # not HTTP at all
+    garbage, healthy = raw_receiver(b"SSH-2.0-OpenSSH_9.2p1\r\n"), receiver()
     application = webhook_app(store, garbage.url(), healthy.url)
     post(application, {"id": 1, "name": "Fern"}, 200)
-    wait_until(lambda: len(garbage.requests) >= 2, "a garbage answer was not retried", 10)
+    wait_until(
+        lambda: len(garbage.requests) >= 2, "a garbage answer was not retried", 10
+    )
     for plant_id in (2, 3):  # created while the garbage receiver's events are retried
         post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
     assert sorted(plant["id"] for plant in healthy.wait_for(3)) == [1, 2, 3]
     logged = []
-    wait_until(lambda: logged.append(capsys.readouterr().err) or "".join(logged).count("is given up") == 3,
-               "a delivery to the garbage receiver was never given up", 10)
+    wait_until(
+        lambda: (
+            logged.append(capsys.readouterr().err)
+            or "".join(logged).count("is given up") == 3
+        ),
+        "a delivery to the garbage receiver was never given up",
+        10,
+    )
     time.sleep(0.5)  # and no attempt after that
     attempts = 1 + len(plantstore.WebhookSender.SCHEDULE)
-    assert collections.Counter(payload["id"] for _, payload in garbage.requests) == {1: attempts, 2: attempts,
-                                                                                    3: attempts}
+    assert collections.Counter(payload["id"] for _, payload in garbage.requests) == {
+        1: attempts,
+        2: attempts,
+        3: attempts,
+    }
     assert "".join(logged).count(f"is given up after {attempts} attempts") == 3
 
 
-def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_once(webhook_app, raw_receiver,
-                                                                                   tmp_path, capsys):
-    hints = raw_receiver(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n"
-                         b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_once(
+    webhook_app, raw_receiver, tmp_path, capsys
+):
+    hints = raw_receiver(
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    )
     path = tmp_path / "plants.sqlite3"
     post(webhook_app(SQLiteStore(path), hints.url()), {"id": 1, "name": "Fern"}, 200)
 
     def outbox():
         with contextlib.closing(sqlite3.connect(path)) as db:
             return db.execute("SELECT count(*) FROM plant_events").fetchone()[0]
-    wait_until(lambda: hints.requests and outbox() == 0, "the event never left the outbox", 10)
+
+    wait_until(
+        lambda: hints.requests and outbox() == 0, "the event never left the outbox", 10
+    )
     time.sleep(0.5)  # two steps of the schedule: a retry would have come
     assert hints.requests == [("/hook", {"id": 1, "name": "Fern"})]
     assert "given up" not in capsys.readouterr().err
 
 
 def start_a_server(kind, spawn, env, database):
-    """Start plantstore under one of the servers; return (process, host, port) without sending a request."""
+    """Start plantstore under one of the servers; return (process, host, port) without
+    sending a request."""
     if kind == "python-plantstore-py":
         process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
-        host, port = Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+        host, port = (
+            Lines(process.stderr)
+            .until(r"listening on http://([\d.]+):(\d+)/plants")
+            .groups()
+        )
         return process, host, port
     if kind == "granian":
         server = start_granian(spawn, env, database)
         return server.process, "127.0.0.1", server.port
-    return start_gunicorn(spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else []))[:3]
+    return start_gunicorn(
+        spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else [])
+    )[:3]
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
-@pytest.mark.parametrize("kind", ["python-plantstore-py", "gunicorn", "gunicorn-preload", "granian"])
-def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(kind, database, spawn,
-                                                                                   receiver, tmp_path, request):
+@pytest.mark.parametrize(
+    "kind", ["python-plantstore-py", "gunicorn", "gunicorn-preload", "granian"]
+)
+def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(
+    kind, database, spawn, receiver, tmp_path, request
+):
     hook = receiver()
     hook_port = hook.server.server_address[1]
     hook.stop()  # the receiver is down while the plants are created
-    db = str(tmp_path / "plants.sqlite3") if database == "sqlite" else request.getfixturevalue("pg_url")
+    db = (
+        str(tmp_path / "plants.sqlite3")
+        if database == "sqlite"
+        else request.getfixturevalue("pg_url")
+    )
 
     def outbox(query, *args):
         """One number from the outbox, read as the operator would."""
@@ -2672,117 +4130,255 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         with psycopg.connect(db, autocommit=True) as connection:
             return connection.execute(query, args).fetchone()[0]
 
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, PLANTSTORE_WEBHOOK_URL=hook.url,
-                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
     process, host, port = start_a_server(kind, spawn, env, database)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        statuses = pool.map(lambda n: post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0], range(50))
+        statuses = pool.map(
+            lambda n: post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0],
+            range(50),
+        )
         assert list(statuses) == [200] * 50
     assert outbox("SELECT count(*) FROM plant_events") == 50  # each waits in the outbox
-    wait_until(lambda: outbox("SELECT count(*) FROM plant_events WHERE lease > %s", time.time()) == 0,
-               "an attempt to a receiver that is down never ended")  # else its event waits out its lease
+    # else its event waits out its lease
+    wait_until(
+        lambda: (
+            outbox("SELECT count(*) FROM plant_events WHERE lease > %s", time.time())
+            == 0
+        ),
+        "an attempt to a receiver that is down never ended",
+    )
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(WAIT)
     back = receiver(hook_port)
     start_a_server(kind, spawn, env, database)  # and no request, from here on
-    wait_until(lambda: len(back.delivered()) >= 50, lambda: f"{len(back.delivered())} of 50 events came", 20)
+    wait_until(
+        lambda: len(back.delivered()) >= 50,
+        lambda: f"{len(back.delivered())} of 50 events came",
+        20,
+    )
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
 
 
 def test_edges_importing_plantstore_and_making_apps_start_no_thread(tmp_path, pg_url):
     before = set(threading.enumerate())
-    spec = importlib.util.spec_from_file_location("plantstore_imported_again", HERE / "plantstore.py")
+    spec = importlib.util.spec_from_file_location(
+        "plantstore_imported_again", HERE / "plantstore.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for store in None, module.SQLiteStore(tmp_path / "plants.sqlite3"), module.PostgresStore(pg_url):
-        module.make_app([TOKEN], store=store, webhook_urls=["http://127.0.0.1:9/hook"], webhook_secret=SECRET,
-                        cors_origins=["https://example.org"])
-    assert [thread.name for thread in threading.enumerate() if thread not in before] == []
+    for store in (
+        None,
+        module.SQLiteStore(tmp_path / "plants.sqlite3"),
+        module.PostgresStore(pg_url),
+    ):
+        module.make_app(
+            [TOKEN],
+            store=store,
+            webhook_urls=["http://127.0.0.1:9/hook"],
+            webhook_secret=SECRET,
+            cors_origins=["https://example.org"],
+        )
+    assert [
+        thread.name for thread in threading.enumerate() if thread not in before
+    ] == []
 
 
 # ---- The OpenAPI document, and schemathesis against it ----
 
+
 def test_openapi_document_is_served_without_a_token_and_is_valid(app):
     response = app.get("/openapi.json", status=200)
     assert response.content_type == "application/json"
-    # OPENAPI as written, but for each operation's operationId and security, which its route says
+    # OPENAPI as written, but for each operation's operationId and security, which its
+    # route says
     served = json.loads(response.text)
-    for _, _, operation in operations(served)[:-1]:  # the paths' operations; the webhook is last
+    # the paths' operations; the webhook is last
+    for _, _, operation in operations(served)[:-1]:
         operation.pop("operationId")
         assert operation.pop("security", []) == []
     assert served == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
-    openapi_spec_validator.validate(response.json)  # raises unless it is valid OpenAPI 3.1
+    # raises unless it is valid OpenAPI 3.1
+    openapi_spec_validator.validate(response.json)
     assert response.json["openapi"] == "3.1.0"
     info = response.json["info"]
-    assert {key: info[key] for key in ("title", "version", "license")} == {"title": "Plant Store",
-        "version": "1.0.0", "license": {"name": "MIT", "identifier": "MIT"}}
+    assert {key: info[key] for key in ("title", "version", "license")} == {
+        "title": "Plant Store",
+        "version": "1.0.0",
+        "license": {"name": "MIT", "identifier": "MIT"},
+    }
     assert info["description"].strip()
     assert response.json["security"] == [{"bearerAuth": []}]
-    assert response.json["components"]["securitySchemes"] == {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+    assert response.json["components"]["securitySchemes"] == {
+        "bearerAuth": {"type": "http", "scheme": "bearer"}
+    }
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
 def test_openapi_document_answers_other_methods_405(app, method):
-    response = app.request("/openapi.json", method=method, status=405, expect_errors=True)
+    response = app.request(
+        "/openapi.json", method=method, status=405, expect_errors=True
+    )
     assert_error(response, 405)
-    assert response.headers["Allow"] == DOCUMENT_ALLOW and "WWW-Authenticate" not in response.headers
+    assert (
+        response.headers["Allow"] == DOCUMENT_ALLOW
+        and "WWW-Authenticate" not in response.headers
+    )
 
 
 def test_openapi_document_keeps_the_specification_schemas():
     schemas = plantstore.OPENAPI["components"]["schemas"]
     assert schemas["Plant"]["required"] == ["name"]
-    assert {k: v["type"] for k, v in schemas["Plant"]["properties"].items()} == {"name": "string", "tag": "string"}
+    assert {k: v["type"] for k, v in schemas["Plant"]["properties"].items()} == {
+        "name": "string",
+        "tag": "string",
+    }
     assert schemas["NewPlant"]["allOf"][0] == {"$ref": "#/components/schemas/Plant"}
     assert schemas["NewPlant"]["allOf"][1]["required"] == ["id"]
     assert schemas["NewPlant"]["allOf"][1]["properties"]["id"] == {
-        "description": "Identification number of the plant", "type": "integer", "format": "int64"}
-    assert schemas["Error"] == {"type": "object", "required": ["error", "message"], "properties": {
-        "error": {"type": "integer", "format": "int32"}, "message": {"type": "string"}}}
+        "description": "Identification number of the plant",
+        "type": "integer",
+        "format": "int64",
+    }
+    assert schemas["Error"] == {
+        "type": "object",
+        "required": ["error", "message"],
+        "properties": {
+            "error": {"type": "integer", "format": "int32"},
+            "message": {"type": "string"},
+        },
+    }
 
 
 def documented(method, path, status):
-    """The document's answer for that status of that operation, with a component reference followed."""
-    answer = plantstore.OPENAPI["paths"][path][method.lower()]["responses"].get(str(status))
+    """The document's answer for that status of that operation, with a component
+    reference followed."""
+    answer = plantstore.OPENAPI["paths"][path][method.lower()]["responses"].get(
+        str(status)
+    )
     if answer and "$ref" in answer:
-        answer = plantstore.OPENAPI["components"]["responses"][answer["$ref"].rsplit("/", 1)[1]]
+        answer = plantstore.OPENAPI["components"]["responses"][
+            answer["$ref"].rsplit("/", 1)[1]
+        ]
     return answer
 
 
-# Every status each operation can send, each brought about once: (operation, call() arguments, status, header).
+# Every status each operation can send, each brought about once: (operation, call()
+# arguments, status, header).
 PLANT = json.dumps({"id": 1, "name": "Fern"}).encode()
 STATUS_CASES_OF_GET = [
     (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
-    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}), 400, None),
-    (("GET", "/plants"), dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
+    (
+        ("GET", "/plants"),
+        dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}),
+        400,
+        None,
+    ),
+    (
+        ("GET", "/plants"),
+        dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}),
+        401,
+        "WWW-Authenticate",
+    ),
     (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
-    (("GET", "/plants"), dict(method="GET", path="/plants", store="away"), 503, "Retry-After"),
-    (("GET", "/openapi.json"), dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}), 200, None),
-    (("GET", "/health"), dict(method="GET", path="/health", environ={"HTTP_AUTHORIZATION": ""}),
-     200, None),
+    (
+        ("GET", "/plants"),
+        dict(method="GET", path="/plants", store="away"),
+        503,
+        "Retry-After",
+    ),
+    (
+        ("GET", "/openapi.json"),
+        dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}),
+        200,
+        None,
+    ),
+    (
+        ("GET", "/health"),
+        dict(method="GET", path="/health", environ={"HTTP_AUTHORIZATION": ""}),
+        200,
+        None,
+    ),
     (("GET", "/health"), dict(method="GET", path="/health", store="broken"), 500, None),
-    (("GET", "/health"), dict(method="GET", path="/health", store="away",
-                              environ={"HTTP_AUTHORIZATION": ""}), 503, "Retry-After"),
+    (
+        ("GET", "/health"),
+        dict(
+            method="GET",
+            path="/health",
+            store="away",
+            environ={"HTTP_AUTHORIZATION": ""},
+        ),
+        503,
+        "Retry-After",
+    ),
 ]
 STATUS_CASES = [
     (("POST", "/plants"), dict(body=PLANT), 200, None),
     (("POST", "/plants"), dict(body=b"[]"), 400, None),
-    (("POST", "/plants"), dict(body=PLANT, environ={"HTTP_AUTHORIZATION": ""}), 401, "WWW-Authenticate"),
-    (("POST", "/plants"), dict(environ={"wsgi.input": FailingInput(TimeoutError()), "CONTENT_LENGTH": "9"}), 408, None),
+    (
+        ("POST", "/plants"),
+        dict(body=PLANT, environ={"HTTP_AUTHORIZATION": ""}),
+        401,
+        "WWW-Authenticate",
+    ),
+    (
+        ("POST", "/plants"),
+        dict(
+            environ={"wsgi.input": FailingInput(TimeoutError()), "CONTENT_LENGTH": "9"}
+        ),
+        408,
+        None,
+    ),
     (("POST", "/plants"), dict(body=PLANT, store="taken"), 409, None),
     (("POST", "/plants"), dict(body=b" " * (MAX_BODY_BYTES + 1)), 413, None),
-    (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}), 415, "Accept"),
+    (
+        ("POST", "/plants"),
+        dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}),
+        415,
+        "Accept",
+    ),
     (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
     (("POST", "/plants"), dict(body=PLANT, store="away"), 503, "Retry-After"),
     *STATUS_CASES_OF_GET,
-    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="taken"), 204, None),
+    (
+        ("DELETE", "/plants/{id}"),
+        dict(method="DELETE", path="/plants/1", store="taken"),
+        204,
+        None,
+    ),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/x"), 400, None),
-    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}), 401,
-     "WWW-Authenticate"),
+    (
+        ("DELETE", "/plants/{id}"),
+        dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}),
+        401,
+        "WWW-Authenticate",
+    ),
     (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1"), 404, None),
-    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="broken"), 500, None),
-    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1", store="away"), 503, "Retry-After"),
-    (("POST", "/plants"), dict(body=PLANT, environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"}), 411,
-     None),
+    (
+        ("DELETE", "/plants/{id}"),
+        dict(method="DELETE", path="/plants/1", store="broken"),
+        500,
+        None,
+    ),
+    (
+        ("DELETE", "/plants/{id}"),
+        dict(method="DELETE", path="/plants/1", store="away"),
+        503,
+        "Retry-After",
+    ),
+    (
+        ("POST", "/plants"),
+        dict(
+            body=PLANT,
+            environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"},
+        ),
+        411,
+        None,
+    ),
 ]
 
 
@@ -2796,17 +4392,27 @@ def call_case(arguments, tmp_path):
         os.remove(tmp_path / "plants.sqlite3")
     if given == "taken":
         store.add(1, "Taken", None)
-    arguments["environ"] = {**arguments.get("environ", {}), "wsgi.errors": io.StringIO()}
+    arguments["environ"] = {
+        **arguments.get("environ", {}),
+        "wsgi.errors": io.StringIO(),
+    }
     return call(make_app([TOKEN], store=store), **arguments)
 
 
-@pytest.mark.parametrize("operation, arguments, status, header", STATUS_CASES,
-                         ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES])
-def test_every_status_an_operation_sends_is_in_the_document(operation, arguments, status, header, tmp_path):
+@pytest.mark.parametrize(
+    "operation, arguments, status, header",
+    STATUS_CASES,
+    ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES],
+)
+def test_every_status_an_operation_sends_is_in_the_document(
+    operation, arguments, status, header, tmp_path
+):
     got, headers, _ = call_case(arguments, tmp_path)
     assert got == status
     answer = documented(*operation, status)
-    assert answer is not None, f"{operation} sends {status}, which the document does not list for it"
+    assert answer is not None, (
+        f"{operation} sends {status}, which the document does not list for it"
+    )
     if header:
         assert header in headers and header in answer["headers"]
 
@@ -2816,19 +4422,32 @@ def test_the_document_lists_no_status_an_operation_never_sends():
         for method, operation in operations.items():
             if method == "parameters":  # the path's own, not an operation
                 continue
-            sent = {status for op, _, status, _ in STATUS_CASES if op == (method.upper(), path)}
-            assert {int(status) for status in operation["responses"]} == sent, (method, path)
+            sent = {
+                status
+                for op, _, status, _ in STATUS_CASES
+                if op == (method.upper(), path)
+            }
+            assert {int(status) for status in operation["responses"]} == sent, (
+                method,
+                path,
+            )
 
 
-# HEAD and OPTIONS are answered on every route, and are no operations of the document: a client
-# has nothing to call there (docs/http.md describes them). The tests below hold the document to
-# that, tie it to the routes the app serves, and keep what its HEAD and OPTIONS used to cover.
+# HEAD and OPTIONS are answered on every route, and are no operations of the document: a
+# client has nothing to call there (docs/http.md describes them). The tests below hold
+# the document to that, tie it to the routes the app serves, and keep what its HEAD and
+# OPTIONS used to cover.
+
 
 def operations(document):
     """Each (METHOD, path, operation) of a document's paths and webhooks."""
-    return [(method.upper(), path, operation)
-            for items in (document["paths"], document["webhooks"]) for path, item in items.items()
-            for method, operation in item.items() if method != "parameters"]  # the path's own
+    return [
+        (method.upper(), path, operation)
+        for items in (document["paths"], document["webhooks"])
+        for path, item in items.items()
+        for method, operation in item.items()
+        if method != "parameters"  # the path's own
+    ]
 
 
 def test_every_operation_has_a_stable_operation_id_a_summary_and_a_tag(app):
@@ -2836,22 +4455,38 @@ def test_every_operation_has_a_stable_operation_id_a_summary_and_a_tag(app):
     tags = {tag["name"] for tag in document["tags"]}
     for method, path, operation in operations(document):
         assert method not in ("HEAD", "OPTIONS"), f"{method} {path} is no operation"
-        assert re.fullmatch(r"[a-z]+(?:[A-Z][a-z]*)*", operation["operationId"]), (method, path)
-        assert operation["summary"].strip() and "\n" not in operation["summary"], (method, path)
+        assert re.fullmatch(r"[a-z]+(?:[A-Z][a-z]*)*", operation["operationId"]), (
+            method,
+            path,
+        )
+        assert operation["summary"].strip() and "\n" not in operation["summary"], (
+            method,
+            path,
+        )
         assert operation["tags"] and set(operation["tags"]) <= tags, (method, path)
     ids = [operation["operationId"] for _, _, operation in operations(document)]
     assert len(ids) == len(set(ids))
-    # Generated clients name their functions after these: renaming one breaks every client's code.
-    assert {(method, path): op["operationId"] for method, path, op in operations(document)} == {
-        ("GET", "/plants"): "listPlants", ("POST", "/plants"): "addPlant",
-        ("DELETE", "/plants/{id}"): "deletePlant", ("GET", "/openapi.json"): "getOpenApiDocument",
-        ("GET", "/health"): "checkHealth", ("POST", "/plant/webhook"): "newPlant"}
+    # Generated clients name their functions after these: renaming one breaks every
+    # client's code.
+    assert {
+        (method, path): op["operationId"] for method, path, op in operations(document)
+    } == {
+        ("GET", "/plants"): "listPlants",
+        ("POST", "/plants"): "addPlant",
+        ("DELETE", "/plants/{id}"): "deletePlant",
+        ("GET", "/openapi.json"): "getOpenApiDocument",
+        ("GET", "/health"): "checkHealth",
+        ("POST", "/plant/webhook"): "newPlant",
+    }
 
 
 def test_the_routes_served_and_the_document_agree(app, store):
-    """Read from the app, not a list: its 404 names the routes, OPTIONS and 405 the methods."""
+    """Read from the app, not a list: its 404 names the routes, OPTIONS and 405 the
+    methods."""
     document = app.get("/openapi.json", status=200).json
-    named = app.get("/no/such/route", headers=AUTH, status=404, expect_errors=True).json["message"]
+    named = app.get(
+        "/no/such/route", headers=AUTH, status=404, expect_errors=True
+    ).json["message"]
     assert set(re.findall(r"/[^\s,]*", named)) == set(document["paths"]), named
     store.add(1, "Fern", None)
     for path in document["paths"]:
@@ -2859,15 +4494,28 @@ def test_the_routes_served_and_the_document_agree(app, store):
         allow = app.options(url, status=204).headers["Allow"].split(", ")
         listed = {method for method, at, _ in operations(document) if at == path}
         assert set(allow) - {"HEAD", "OPTIONS"} == listed, path
-        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"):
+        for method in (
+            "GET",
+            "HEAD",
+            "POST",
+            "PUT",
+            "PATCH",
+            "DELETE",
+            "OPTIONS",
+            "TRACE",
+        ):
             response = app.request(url, method=method, headers=AUTH, expect_errors=True)
             assert (response.status_int == 405) == (method not in allow), (method, url)
 
 
-@pytest.mark.parametrize("arguments, status, header", [case[1:] for case in STATUS_CASES_OF_GET],
-                         ids=[f"HEAD {op[1]} {code}" for op, _, code, _ in STATUS_CASES_OF_GET])
-def test_head_sends_every_status_get_does_with_its_header_and_no_body(arguments, status, header,
-                                                                       tmp_path):
+@pytest.mark.parametrize(
+    "arguments, status, header",
+    [case[1:] for case in STATUS_CASES_OF_GET],
+    ids=[f"HEAD {op[1]} {code}" for op, _, code, _ in STATUS_CASES_OF_GET],
+)
+def test_head_sends_every_status_get_does_with_its_header_and_no_body(
+    arguments, status, header, tmp_path
+):
     got, headers, body = call_case(dict(arguments, method="HEAD"), tmp_path)
     assert got == status and body is None
     assert header is None or header in headers
@@ -2878,14 +4526,21 @@ def test_options_on_a_path_that_is_no_plants_is_400_without_a_token(app):
 
 
 SCHEMA = schemathesis.openapi.from_wsgi("/openapi.json", make_app([TOKEN]))
-SCHEMA.config.update(headers=AUTH)  # as `st run -H`: schemathesis knows the token and still tries without it
+# as `st run -H`: schemathesis knows the token and still tries without it
+SCHEMA.config.update(headers=AUTH)
 
 
 @SCHEMA.parametrize()
-@hypothesis.settings(max_examples=40, deadline=None, derandomize=True, database=None,
-                     suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
 def test_schemathesis_finds_no_failure(case):
-    """Every check, positive and negative data, a fixed seed, in process against the served document."""
+    """Every check, positive and negative data, a fixed seed, in process against the
+    served document."""
     case.call_and_validate()
 
 
@@ -2896,25 +4551,37 @@ def mounted_at_api(application):
     def parent(environ, start_response):
         if shift_path_info(environ) == "api":
             return application(environ, start_response)
-        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")])
+        start_response(
+            "404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")]
+        )
         return [b""]
+
     return parent
 
 
-MOUNTED_SCHEMA = schemathesis.openapi.from_wsgi("/api/openapi.json", mounted_at_api(make_app([TOKEN])))
+MOUNTED_SCHEMA = schemathesis.openapi.from_wsgi(
+    "/api/openapi.json", mounted_at_api(make_app([TOKEN]))
+)
 MOUNTED_SCHEMA.config.update(headers=AUTH)
 
 
 @MOUNTED_SCHEMA.parametrize()
-@hypothesis.settings(max_examples=10, deadline=None, derandomize=True, database=None,
-                     suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
 def test_schemathesis_from_the_document_of_an_app_mounted_at_api_finds_no_failure(case):
-    """Started from /api/openapi.json alone: its servers entry sends every call to /api."""
+    """Started from /api/openapi.json alone: its servers entry sends every call to
+    /api."""
     assert case.path.startswith("/") and case.operation.base_url.endswith("/api")
     case.call_and_validate()
 
 
 # ---- The embedded server, over real sockets ----
+
 
 @pytest.fixture
 def served(store):
@@ -2923,7 +4590,9 @@ def served(store):
 
     def start(*, accepting=True, **kwargs):
         server = make_server("127.0.0.1", 0, make_app([TOKEN], store=store), **kwargs)
-        server.thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        server.thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         servers.append(server)
         if accepting:
             server.thread.start()
@@ -2941,7 +4610,12 @@ def http_post(server, document, headers=None, path="/plants"):
     connection = http.client.HTTPConnection(*server.server_address[:2], timeout=WAIT)
     try:
         body = json.dumps(document).encode()
-        connection.request("POST", path, body, {"Content-Type": "application/json", **AUTH, **(headers or {})})
+        connection.request(
+            "POST",
+            path,
+            body,
+            {"Content-Type": "application/json", **AUTH, **(headers or {})},
+        )
         response = connection.getresponse()
         return response.status, dict(response.getheaders()), json.loads(response.read())
     finally:
@@ -2949,10 +4623,14 @@ def http_post(server, document, headers=None, path="/plants"):
 
 
 def raw_request(document, *, content_length=None, token=TOKEN):
-    body = json.dumps(document).encode() if not isinstance(document, bytes) else document
+    body = (
+        json.dumps(document).encode() if not isinstance(document, bytes) else document
+    )
     length = len(body) if content_length is None else content_length
-    head = (f"POST /plants HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n")
+    head = (
+        f"POST /plants HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -2972,7 +4650,9 @@ def read_status(sock):
 
 def test_embedded_server_creates_a_plant(served, store):
     server = served()
-    status, headers, body = http_post(server, {"id": 1, "name": "Fern", "tag": "indoor"})
+    status, headers, body = http_post(
+        server, {"id": 1, "name": "Fern", "tag": "indoor"}
+    )
     assert (status, body) == (200, {"name": "Fern", "tag": "indoor"})
     assert headers["Content-Type"] == "application/json"
     assert "Connection" not in headers or headers["Connection"].lower() == "close"
@@ -2984,7 +4664,8 @@ def test_a_stalled_client_does_not_delay_another(served, store):
     with socket.create_connection(server.server_address, timeout=WAIT) as stalled:
         # Promise 100 bytes of body and send 10: the server waits on this one...
         stalled.sendall(raw_request(b'{"id": 1, ', content_length=100))
-        # ...while another client is answered in full (its own timeout is well below the server's).
+        # ...while another client is answered in full (its own timeout is well below the
+        # server's).
         assert http_post(server, {"id": 2, "name": "Quick"})[0] == 200
     assert stored(store).get(2) == ("Quick", None) and stored(store).get(1) is None
 
@@ -3005,8 +4686,9 @@ def test_a_silent_connection_is_closed_after_the_timeout(served):
 
 
 def test_200_simultaneous_connections_are_all_answered(served, store):
-    # Connect all 200 before the server accepts any: they must all fit in the listen backlog
-    # (with wsgiref's default of 5, the sixth connect would wait for a SYN retry and time out).
+    # Connect all 200 before the server accepts any: they must all fit in the listen
+    # backlog (with wsgiref's default of 5, the sixth connect would wait for a SYN retry
+    # and time out).
     server = served(accepting=False)
     sockets = []
     try:
@@ -3024,9 +4706,9 @@ def test_200_simultaneous_connections_are_all_answered(served, store):
     assert len(stored(store)) == 200
 
 
-
 def exchange_raw(server, request):
-    """Send raw bytes to the embedded server; return the whole answer (it closes the connection)."""
+    """Send raw bytes to the embedded server; return the whole answer (it closes the
+    connection)."""
     with socket.create_connection(server.server_address[:2], timeout=WAIT) as sock:
         sock.sendall(request)
         return read_raw(sock)
@@ -3034,47 +4716,84 @@ def exchange_raw(server, request):
 
 def test_the_embedded_server_sends_no_content_length_on_a_204(served, store):
     store.add(1, "Fern", None)
-    answer = exchange_raw(served(), f"DELETE /plants/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
-                                    f"\r\n\r\n".encode())
+    answer = exchange_raw(
+        served(),
+        f"DELETE /plants/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+        f"\r\n\r\n".encode(),
+    )
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 204") and body == b""
     assert b"content-length" not in head.lower() and b"content-type" not in head.lower()
 
 
 def test_the_embedded_server_sends_no_body_on_head(served):
-    for target, token in [("/plants", TOKEN), ("/plants", "wrong-token-of-16ch"), ("/nowhere", TOKEN)]:
-        answer = exchange_raw(served(), f"HEAD {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
-                                        f"\r\n\r\n".encode())
+    for target, token in [
+        ("/plants", TOKEN),
+        ("/plants", "wrong-token-of-16ch"),
+        ("/nowhere", TOKEN),
+    ]:
+        answer = exchange_raw(
+            served(),
+            f"HEAD {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+            f"\r\n\r\n".encode(),
+        )
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.split()[1] in (b"200", b"401", b"404") and body == b""
 
 
-def test_head_on_the_embedded_server_has_the_headers_get_has_and_no_content_length_0(served, store):
+def test_head_on_the_embedded_server_has_the_headers_get_has_and_no_content_length_0(
+    served, store
+):
     store.add(1, "Fern", None)
     server = served()
-    answers = [exchange_raw(server, f"{method} /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
-                                    f"{TOKEN}\r\n\r\n".encode()) for method in ("GET", "HEAD")]
-    (get_head, _, get_body), (head_head, _, head_body) = (a.partition(b"\r\n\r\n") for a in answers)
+    answers = [
+        exchange_raw(
+            server,
+            f"{method} /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            f"{TOKEN}\r\n\r\n".encode(),
+        )
+        for method in ("GET", "HEAD")
+    ]
+    (get_head, _, get_body), (head_head, _, head_body) = (
+        a.partition(b"\r\n\r\n") for a in answers
+    )
     assert json.loads(get_body) == [{"name": "Fern"}] and head_body == b""
-    headers = [{line.split(b":")[0].lower() for line in h.split(b"\r\n")[1:]} - {b"date"}
-               for h in (get_head, head_head)]
-    assert headers[0] == headers[1] and b"content-length" not in headers[1]  # GET streams: no length
+    headers = [
+        {line.split(b":")[0].lower() for line in h.split(b"\r\n")[1:]} - {b"date"}
+        for h in (get_head, head_head)
+    ]
+    # GET streams: no length
+    assert headers[0] == headers[1] and b"content-length" not in headers[1]
 
 
 def test_the_embedded_server_takes_an_absolute_form_target(served, store):
     body = b'{"id": 1, "name": "Fern"}'
-    answer = exchange_raw(served(), b"POST http://plants.example:8000/plants HTTP/1.1\r\nHost: plants.example\r\n"
-                                    b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Type: application/json"
-                                    b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    answer = exchange_raw(
+        served(),
+        b"POST http://plants.example:8000/plants HTTP/1.1\r\nHost: plants.example\r\n"
+        b"Authorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\nContent-Type: application/json"
+        b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+    )
     assert answer.startswith(b"HTTP/1.0 200") and stored(store) == {1: ("Fern", None)}
 
 
 def test_the_embedded_server_answers_a_chunked_body_411_not_empty(served, store):
-    answer = exchange_raw(served(), b"POST /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
-                          b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                          b"19\r\n{\"id\": 1, \"name\": \"Fern\"}\r\n0\r\n\r\n")
+    answer = exchange_raw(
+        served(),
+        b"POST /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'19\r\n{"id": 1, "name": "Fern"}\r\n0\r\n\r\n',
+    )
     head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.0 411") and json.loads(body)["error"] == 411 and stored(store) == {}
+    assert (
+        head.startswith(b"HTTP/1.0 411")
+        and json.loads(body)["error"] == 411
+        and stored(store) == {}
+    )
+
 
 def test_an_oversized_body_gets_its_413_not_a_reset(served):
     server = served()
@@ -3090,19 +4809,31 @@ def test_broken_http_gets_an_error_json_body_from_the_server(served):
     with socket.create_connection(server.server_address, timeout=WAIT) as sock:
         sock.sendall(b"POST /plants HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n")
         head, _, body = read_raw(sock).partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.0 431") and b"Content-Type: application/json" in head
+    assert (
+        head.startswith(b"HTTP/1.0 431") and b"Content-Type: application/json" in head
+    )
     assert json.loads(body)["error"] == 431
 
 
 def test_log_lines_carry_no_query_string_and_no_token(served, capsys):
     server = served()
-    http_post(server, {"id": 1, "name": "Fern"}, path="/plants?access_token=SECRET-IN-QUERY")
-    http_post(server, {"id": 2, "name": "Fern"}, headers={"Authorization": "Bearer WRONG-SECRET"})
-    for garbage in (b"GARBAGE /SECRET-IN-BAD-LINE?x HTTP/9\r\n\r\n", b"\x16\x03\x01SECRET-IN-BAD-LINE\r\n\r\n"):
+    http_post(
+        server, {"id": 1, "name": "Fern"}, path="/plants?access_token=SECRET-IN-QUERY"
+    )
+    http_post(
+        server,
+        {"id": 2, "name": "Fern"},
+        headers={"Authorization": "Bearer WRONG-SECRET"},
+    )
+    for garbage in (
+        b"GARBAGE /SECRET-IN-BAD-LINE?x HTTP/9\r\n\r\n",
+        b"\x16\x03\x01SECRET-IN-BAD-LINE\r\n\r\n",
+    ):
         with socket.create_connection(server.server_address, timeout=WAIT) as sock:
             sock.sendall(garbage)
             answer = sock.recv(65536).partition(b"\r\n\r\n")
-            body = json.loads(answer[2] or answer[0])  # http.server sends no head to what looks like HTTP/0.9
+            # http.server sends no head to what looks like HTTP/0.9
+            body = json.loads(answer[2] or answer[0])
             assert body["error"] == 400 and "SECRET" not in body["message"]
     server.shutdown()
     logged = capsys.readouterr().err
@@ -3118,87 +4849,151 @@ OPERATIONS = HERE / "docs" / "operations.md"
 
 
 class Runbook:
-    """docs/operations.md's blocks of commands, run as written by bash, with the test's own settings.
+    """docs/operations.md's blocks of commands, run as written by bash, with the test's
+    own settings.
 
-    Each block under a `<!-- run: NAME -->` comment runs after the doc's settings block, in which only the
-    values are the test's: its `export`s stay as written, so a name pgloader needs from the environment and
-    the doc forgot to export fails here too.
+    Each block under a `<!-- run: NAME -->` comment runs after the doc's settings block,
+    in which only the values are the test's: its `export`s stay as written, so a name
+    pgloader needs from the environment and the doc forgot to export fails here too.
     """
 
     def __init__(self, folder, **settings):
         text = OPERATIONS.read_text()
-        self.blocks = dict(re.findall(r"<!-- run: ([\w-]+) -->\n```sh\n(.*?)```\n", text, re.S))
+        self.blocks = dict(
+            re.findall(r"<!-- run: ([\w-]+) -->\n```sh\n(.*?)```\n", text, re.S)
+        )
         block = re.search(r"<!-- settings -->\n```sh\n(.*?)```\n", text, re.S)[1]
         assignment = re.compile(r"(export )?([A-Z_]+)=\S+( +#.*)?")
         lines = block.splitlines()
-        assert all(assignment.fullmatch(line) for line in lines), "the settings block holds assignments alone"
-        assert sorted(assignment.fullmatch(line)[2] for line in lines) == sorted(settings), "names the tests set"
-        self.settings_block = "".join(f"{m[1] or ''}{m[2]}={shlex.quote(str(settings[m[2]]))}\n"
-                                      for m in map(assignment.fullmatch, lines))
+        assert all(assignment.fullmatch(line) for line in lines), (
+            "the settings block holds assignments alone"
+        )
+        assert sorted(assignment.fullmatch(line)[2] for line in lines) == sorted(
+            settings
+        ), "names the tests set"
+        self.settings_block = "".join(
+            f"{m[1] or ''}{m[2]}={shlex.quote(str(settings[m[2]]))}\n"
+            for m in map(assignment.fullmatch, lines)
+        )
         self.folder, self.settings = folder, settings
-        self.env = {k: v for k, v in environ_without_tokens().items() if not k.startswith("PG")}
+        self.env = {
+            k: v for k, v in environ_without_tokens().items() if not k.startswith("PG")
+        }
 
     def script(self, name, **settings):
-        chosen = "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in settings.items())
+        chosen = "".join(
+            f"{key}={shlex.quote(str(value))}\n" for key, value in settings.items()
+        )
         return f"set -euo pipefail\n{self.settings_block}{chosen}{self.blocks[name]}"
 
-    PACKAGES = {"sqlite3": "sqlite3", "pgloader": "pgloader", "psql": "postgresql-client",
-                "pg_dump": "postgresql-client", "pg_restore": "postgresql-client"}  # Debian's
+    # Debian's
+    PACKAGES = {
+        "sqlite3": "sqlite3",
+        "pgloader": "pgloader",
+        "psql": "postgresql-client",
+        "pg_dump": "postgresql-client",
+        "pg_restore": "postgresql-client",
+    }
 
     def run(self, name, **settings):
         """Run the block; return what it printed. It must exit 0."""
-        missing = {package for program, package in self.PACKAGES.items()
-                   if re.search(rf"(?<![\w./-]){program} ", self.blocks[name])
-                   and not shutil.which(program)}
-        assert not missing, f"docs/operations.md's block {name} needs: apt-get install {' '.join(sorted(missing))}"
-        done = subprocess.run(["bash", "-c", self.script(name, **settings)], cwd=self.folder, env=self.env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=WAIT * 2)
-        assert done.returncode == 0, f"docs/operations.md, block {name}: {done.stdout}{done.stderr}"
+        missing = {
+            package
+            for program, package in self.PACKAGES.items()
+            if re.search(rf"(?<![\w./-]){program} ", self.blocks[name])
+            and not shutil.which(program)
+        }
+        assert not missing, (
+            f"docs/operations.md's block {name} needs: apt-get install "
+            f"{' '.join(sorted(missing))}"
+        )
+        done = subprocess.run(
+            ["bash", "-c", self.script(name, **settings)],
+            cwd=self.folder,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=WAIT * 2,
+        )
+        assert done.returncode == 0, (
+            f"docs/operations.md, block {name}: {done.stdout}{done.stderr}"
+        )
         return done.stdout
 
     def start(self, spawn, name):
-        """Start the block, to be stopped with Ctrl-C (SIGINT): bash outlives it, as an interactive shell does."""
+        """Start the block, to be stopped with Ctrl-C (SIGINT): bash outlives it, as an
+        interactive shell does."""
         return spawn(["bash", "-c", "trap : INT\n" + self.script(name)], self.env)
 
 
 @pytest.fixture
 def runbook(tmp_path):
-    """docs/operations.md's settings, for an SQLite file in tmp_path and the suite's PostgreSQL (if used)."""
-    command = tmp_path / "plantstore"  # as pip installs it: a command that runs plantstore
-    command.write_text(f'#!/bin/sh\nexec {shlex.join([sys.executable, str(HERE / "plantstore.py")])} "$@"\n')
+    """docs/operations.md's settings, for an SQLite file in tmp_path and the suite's
+    PostgreSQL (if used)."""
+    # as pip installs it: a command that runs plantstore
+    command = tmp_path / "plantstore"
+    command.write_text(
+        f"#!/bin/sh\nexec {shlex.join([sys.executable, str(HERE / 'plantstore.py')])} "
+        f'"$@"\n'
+    )
     command.chmod(0o755)
     port = free_port()  # a PostgreSQL that a test without one never reaches
-    settings = {"SQLITE": tmp_path / "plants.sqlite3", "PG": f"postgresql://plantstore@127.0.0.1:{port}/plantstore",
-                "PGPASSFILE": tmp_path / "pgpass", "BACKUPS": tmp_path / "backups", "PLANTSTORE": command,
-                "OLD_URL": "http://127.0.0.1:1/old", "NEW_URL": "http://127.0.0.1:1/new"}
+    settings = {
+        "SQLITE": tmp_path / "plants.sqlite3",
+        "PG": f"postgresql://plantstore@127.0.0.1:{port}/plantstore",
+        "PGPASSFILE": tmp_path / "pgpass",
+        "BACKUPS": tmp_path / "backups",
+        "PLANTSTORE": command,
+        "OLD_URL": "http://127.0.0.1:1/old",
+        "NEW_URL": "http://127.0.0.1:1/new",
+    }
     return Runbook(tmp_path, **settings)
 
 
 @pytest.fixture
 def runbook_pg(runbook, postgres, tmp_path):
-    """The same, with the suite's PostgreSQL emptied: its password in a file of libpq's, never in $PG."""
+    """The same, with the suite's PostgreSQL emptied: its password in a file of libpq's,
+    never in $PG."""
     postgres.reset()
     password_file = tmp_path / "pgpass"
-    password_file.write_text(f"127.0.0.1:{postgres.port}:plantstore:plantstore:{postgres.password}\n")
+    password_file.write_text(
+        f"127.0.0.1:{postgres.port}:plantstore:plantstore:{postgres.password}\n"
+    )
     password_file.chmod(0o600)
-    return Runbook(tmp_path, **{**runbook.settings,
-                                "PG": f"postgresql://plantstore@127.0.0.1:{postgres.port}/plantstore"})
+    return Runbook(
+        tmp_path,
+        **{
+            **runbook.settings,
+            "PG": f"postgresql://plantstore@127.0.0.1:{postgres.port}/plantstore",
+        },
+    )
 
 
 class Creates:
-    """Threads that create plants over HTTP until stopped; `answered` lists, in turn, each id answered 200."""
+    """Threads that create plants over HTTP until stopped; `answered` lists, in turn,
+    each id answered 200."""
 
     def __init__(self, host, port, threads=4):
-        self.answered, self.statuses, self._stop = [], collections.Counter(), threading.Event()
+        self.answered, self.statuses, self._stop = (
+            [],
+            collections.Counter(),
+            threading.Event(),
+        )
         ids = itertools.count(random.randrange(10**15))
-        self._threads = [threading.Thread(target=self._create, args=(host, port, ids)) for _ in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._create, args=(host, port, ids))
+            for _ in range(threads)
+        ]
         for thread in self._threads:
             thread.start()
 
     def _create(self, host, port, ids):
         while not self._stop.is_set():
             plant_id = next(ids)
-            status = post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"steady {plant_id}"})[0]
+            status = post_over_http(
+                host, port, TOKEN, {"id": plant_id, "name": f"steady {plant_id}"}
+            )[0]
             self.statuses[status] += 1
             if status == 200:
                 self.answered.append(plant_id)
@@ -3206,7 +5001,9 @@ class Creates:
     def wait_for(self, count):
         deadline = time.monotonic() + WAIT
         while len(self.answered) < count:
-            assert time.monotonic() < deadline, f"{len(self.answered)} of {count} creates answered"
+            assert time.monotonic() < deadline, (
+                f"{len(self.answered)} of {count} creates answered"
+            )
             time.sleep(0.01)
         return set(self.answered)
 
@@ -3218,10 +5015,15 @@ class Creates:
 
 
 def serve_plantstore(spawn, env):
-    """python plantstore.py on a free port; return the process, its address and its stderr lines."""
+    """python plantstore.py on a free port; return the process, its address and its
+    stderr lines."""
     process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
     err = Lines(process.stderr)
-    return process, *err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(), err
+    return (
+        process,
+        *err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(),
+        err,
+    )
 
 
 def stop_service(process):
@@ -3235,29 +5037,38 @@ def listed_ids(host, port):
     return [int(plant["name"].split()[1]) for plant in plants]
 
 
-def test_operations_an_sqlite_backup_during_creates_restores_every_create_answered_before_it(runbook, spawn):
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(runbook.settings["SQLITE"]))
+def test_operations_sqlite_backup_amid_creates_restores_all_answered_before_it(
+    runbook, spawn
+):
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(runbook.settings["SQLITE"])
+    )
     service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
     creates = Creates(host, port)
     before = creates.wait_for(200)  # each answered 200 before the backup started
     backup = Path(runbook.run("sqlite-backup").strip())
-    during = creates.wait_for(len(creates.answered) + 200)  # creates go on during and after it
+    # creates go on during and after it
+    during = creates.wait_for(len(creates.answered) + 200)
     answered = creates.stop()
     stop_service(service)  # the restore's first step, as the doc says
     assert creates.statuses.keys() == {200} and answered > during > before
-    assert backup.stat().st_mode & 0o777 == 0o600  # readable by its owner alone, as plantstore's own file
+    # readable by its owner alone, as plantstore's own file
+    assert backup.stat().st_mode & 0o777 == 0o600
     said = runbook.run("sqlite-restore")
     process, host, port, _ = serve_plantstore(spawn, env)
     restored = listed_ids(host, port)
     assert said == f"ok\n{len(restored)} plants, 0 waiting events\n"
-    assert before <= set(restored) < answered and len(restored) == len(set(restored))  # less those after it
+    # less those after it
+    assert before <= set(restored) < answered and len(restored) == len(set(restored))
     assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200
     assert listed_ids(host, port)[-1] == -1  # listed last
-    assert Path(f"{runbook.settings['SQLITE']}.before-restore").exists()  # the replaced file is kept
+    # the replaced file is kept
+    assert Path(f"{runbook.settings['SQLITE']}.before-restore").exists()
 
 
-def test_operations_a_postgres_backup_during_creates_restores_every_create_answered_before_it(
-        runbook_pg, postgres, spawn):
+def test_operations_postgres_backup_amid_creates_restores_all_answered_before_it(
+    runbook_pg, postgres, spawn
+):
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=postgres.url)
     service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
     creates = Creates(host, port)
@@ -3266,7 +5077,8 @@ def test_operations_a_postgres_backup_during_creates_restores_every_create_answe
     creates.wait_for(len(creates.answered) + 200)  # creates go on during and after it
     answered = creates.stop()
     assert creates.statuses.keys() == {200} and backup.stat().st_mode & 0o777 == 0o600
-    status, _ = over_http(host, port, TOKEN, "DELETE", f"/plants/{min(before)}")  # a mistake, to be undone
+    # a mistake, to be undone
+    status, _ = over_http(host, port, TOKEN, "DELETE", f"/plants/{min(before)}")
     assert status == 204
     stop_service(service)
     said = runbook_pg.run("postgres-restore")
@@ -3274,39 +5086,81 @@ def test_operations_a_postgres_backup_during_creates_restores_every_create_answe
     restored = listed_ids(host, port)
     assert said == f"{len(restored)} plants, 0 waiting events\n"
     assert before <= set(restored) < answered and len(restored) == len(set(restored))
-    assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200  # the identity too
+    # the identity too
+    assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200
     assert listed_ids(host, port)[-1] == -1
 
 
-HARD_PIECES = ["\x00", "\ud800", "\udfff", "\U0001f335", "\U0001fab4", "\u862d", "\u30b7\u30c0", "\t", "\\", "\\N",
-               "\n", "\r", "'", '"', ",", "\x1b", "\x7f", "\u2028", "\ufeff", "\x01", " ", "NULL", "{}"]
+HARD_PIECES = [
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "\U0001f335",
+    "\U0001fab4",
+    "\u862d",
+    "\u30b7\u30c0",
+    "\t",
+    "\\",
+    "\\N",
+    "\n",
+    "\r",
+    "'",
+    '"',
+    ",",
+    "\x1b",
+    "\x7f",
+    "\u2028",
+    "\ufeff",
+    "\x01",
+    " ",
+    "NULL",
+    "{}",
+]
 
 
 def hard_plants(rng, count):
-    """count plants whose names and tags hold what a copy by text would break, over the whole int64 range."""
-    ids = [INT64_MIN, INT64_MAX, 0, -1, *rng.sample(range(-2**62 + 1, 2**62), count - 4)]
-    return [(plant_id, f"{n} " + "".join(rng.choices(HARD_PIECES, k=rng.randrange(12))),
-             rng.choice([None, "", "indoor", "\x00", "\udc80\U0001f33f"])) for n, plant_id in enumerate(ids)]
+    """count plants whose names and tags hold what a copy by text would break, over the
+    whole int64 range."""
+    ids = [
+        INT64_MIN,
+        INT64_MAX,
+        0,
+        -1,
+        *rng.sample(range(-(2**62) + 1, 2**62), count - 4),
+    ]
+    return [
+        (
+            plant_id,
+            f"{n} " + "".join(rng.choices(HARD_PIECES, k=rng.randrange(12))),
+            rng.choice([None, "", "indoor", "\x00", "\udc80\U0001f33f"]),
+        )
+        for n, plant_id in enumerate(ids)
+    ]
 
 
 EVENT_COLUMNS = "seq, url, webhook_id, body, attempts, next_at, lease"
 
 
 def rows(db, sql):
-    return [tuple(bytes(value) if isinstance(value, memoryview) else value for value in row)
-            for row in db.execute(sql).fetchall()]
+    return [
+        tuple(bytes(value) if isinstance(value, memoryview) else value for value in row)
+        for row in db.execute(sql).fetchall()
+    ]
 
 
 def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting_event(
-        runbook_pg, postgres, spawn, receiver):
-    """docs/operations.md's move, command by command: 2,000 hard names, deletions, ids made again, events."""
+    runbook_pg, postgres, spawn, receiver
+):
+    """docs/operations.md's move, command by command: 2,000 hard names, deletions, ids
+    made again, events."""
     rng, path = random.Random(30), str(runbook_pg.settings["SQLITE"])
     old_hook, new_hook = receiver(), receiver()
     old_hook.stop()  # the old receiver is gone: its events wait
     plants, store = hard_plants(rng, 2000), SQLiteStore(path)
     for plant_id, name, tag in plants[:1700]:
         assert store.add(plant_id, name, tag)
-    make_app([TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET)  # from here, events wait
+    # from here, events wait
+    make_app([TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET)
     for plant_id, name, tag in plants[1700:]:
         assert store.add(plant_id, name, tag)
     again = []  # deleted, then made again: listed last
@@ -3315,31 +5169,62 @@ def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting
         if plant_id % 2:
             assert store.add(plant_id, f"{plant_id} again \x00\ud800", None)
             again.append(plant_id)
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=path, PLANTSTORE_WEBHOOK_URL=old_hook.url,
-                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=path,
+        PLANTSTORE_WEBHOOK_URL=old_hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
     service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
     for plant_id in range(1, 11):
-        assert post_over_http(host, port, TOKEN, {"id": plant_id, "name": f"{plant_id} over HTTP \ud83c"})[0] == 200
-    pages, link = {}, "/plants?limit=150"  # next links issued before the move, and the pages they led to
+        assert (
+            post_over_http(
+                host,
+                port,
+                TOKEN,
+                {"id": plant_id, "name": f"{plant_id} over HTTP \ud83c"},
+            )[0]
+            == 200
+        )
+    # next links issued before the move, and the pages they led to
+    pages, link = {}, "/plants?limit=150"
     while link:
         status, headers, body = exchange(host, port, "GET", link)
         assert status == 200
         pages[link] = body
-        link = re.fullmatch(r'<([^>]+)>; rel="next"', headers["Link"])[1] if "Link" in headers else None
-    with contextlib.closing(sqlite3.connect(path)) as db:  # an event tried already: a next_at of its own
+        link = (
+            re.fullmatch(r'<([^>]+)>; rel="next"', headers["Link"])[1]
+            if "Link" in headers
+            else None
+        )
+    # an event tried already: a next_at of its own
+    with contextlib.closing(sqlite3.connect(path)) as db:
         deadline = time.monotonic() + WAIT
-        while not db.execute("SELECT count(*) FROM plant_events WHERE attempts > 0").fetchone()[0]:
+        while not db.execute(
+            "SELECT count(*) FROM plant_events WHERE attempts > 0"
+        ).fetchone()[0]:
             assert time.monotonic() < deadline, "the sender tried no event"
             time.sleep(0.05)
     stop_service(service)  # the downtime starts
     with contextlib.closing(sqlite3.connect(path)) as db:
         plants_before = rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
-        events_before = rows(db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq")
-    assert len(plants_before) == 2000 - 100 + len(again) + 10 and len(events_before) == 300 + len(again) + 10
+        events_before = rows(
+            db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq"
+        )
+    assert (
+        len(plants_before) == 2000 - 100 + len(again) + 10
+        and len(events_before) == 300 + len(again) + 10
+    )
 
-    tables = runbook_pg.start(spawn, "make-tables")  # started once on the empty database, then Ctrl-C
-    assert over_http(*Lines(tables.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups(), TOKEN, "GET",
-                     "/health") == (200, {"status": "ok"})  # it serves: the tables are there
+    # started once on the empty database, then Ctrl-C
+    tables = runbook_pg.start(spawn, "make-tables")
+    # it serves: the tables are there
+    assert over_http(
+        *Lines(tables.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups(),
+        TOKEN,
+        "GET",
+        "/health",
+    ) == (200, {"status": "ok"})
     os.killpg(tables.pid, signal.SIGINT)
     assert tables.wait(WAIT) == 0
     runbook_pg.run("pgloader-file")
@@ -3347,50 +5232,91 @@ def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting
     runbook_pg.run("empty-tables")  # a copy to do again, as the doc says
     runbook_pg.run("pgloader")
     assert runbook_pg.run("check-move") == "the same rows\n"
-    said = runbook_pg.run("repoint-postgres", OLD_URL=old_hook.url, NEW_URL=new_hook.url)
+    said = runbook_pg.run(
+        "repoint-postgres", OLD_URL=old_hook.url, NEW_URL=new_hook.url
+    )
     assert f"UPDATE {len(events_before)}" in said
     with psycopg.connect(postgres.url) as db:
-        assert rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq") == plants_before  # byte for byte
-        events_after = rows(db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq")
-    assert events_after == [(seq, new_hook.url, *rest) for seq, _, *rest in events_before]
+        # byte for byte
+        assert (
+            rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
+            == plants_before
+        )
+        events_after = rows(
+            db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq"
+        )
+    assert events_after == [
+        (seq, new_hook.url, *rest) for seq, _, *rest in events_before
+    ]
 
-    env.update(PLANTSTORE_DB=postgres.url, PLANTSTORE_WEBHOOK_URL=new_hook.url)  # the service, on PostgreSQL
+    # the service, on PostgreSQL
+    env.update(PLANTSTORE_DB=postgres.url, PLANTSTORE_WEBHOOK_URL=new_hook.url)
     service, host, port, err = start_gunicorn(spawn, env, 2, 4)
-    for link, body in pages.items():  # every link issued before the move leads to the same page
+    # every link issued before the move leads to the same page
+    for link, body in pages.items():
         assert exchange(host, port, "GET", link)[::2] == (200, body)
-    assert post_over_http(host, port, TOKEN, {"id": 11, "name": "11 after the move"}) == \
-        (200, {"name": "11 after the move"})
+    assert post_over_http(
+        host, port, TOKEN, {"id": 11, "name": "11 after the move"}
+    ) == (200, {"name": "11 after the move"})
     everything = over_http(host, port, TOKEN, "GET", "/plants")[1]
-    assert everything == [plant for body in pages.values() for plant in body] + [{"name": "11 after the move"}]
-    for plant_id in INT64_MIN, again[0], 5:  # made before the move: in SQLite, again, over HTTP
+    assert everything == [plant for body in pages.values() for plant in body] + [
+        {"name": "11 after the move"}
+    ]
+    # made before the move: in SQLite, again, over HTTP
+    for plant_id in INT64_MIN, again[0], 5:
         assert over_http(host, port, TOKEN, "DELETE", f"/plants/{plant_id}")[0] == 204
-    waiting = {webhook_id: json.loads(body) for _, _, webhook_id, body, *_ in events_before}
+    waiting = {
+        webhook_id: json.loads(body) for _, _, webhook_id, body, *_ in events_before
+    }
     delivered = wait_for_deliveries(new_hook, len(waiting) + 1)
-    assert {webhook_id: delivered[webhook_id] for webhook_id in waiting} == waiting  # each, with its webhook-id
-    assert [delivered[webhook_id] for webhook_id in delivered.keys() - waiting.keys()] == \
-        [{"id": 11, "name": "11 after the move"}]
+    # each, with its webhook-id
+    assert {webhook_id: delivered[webhook_id] for webhook_id in waiting} == waiting
+    assert [
+        delivered[webhook_id] for webhook_id in delivered.keys() - waiting.keys()
+    ] == [{"id": 11, "name": "11 after the move"}]
     stop_service(service)
     logged = err.rest()
-    assert "dropped" not in logged and postgres.password not in logged  # no event was lost to the old URL
-    moved = [line for line in logged.splitlines() if "identity" in line]  # a line from each worker that moved it
-    assert {re.search(r"\b(plants|plant_events)\b", line)[1] for line in moved} == {"plant_events", "plants"}
+    # no event was lost to the old URL
+    assert "dropped" not in logged and postgres.password not in logged
+    # a line from each worker that moved it
+    moved = [line for line in logged.splitlines() if "identity" in line]
+    assert {re.search(r"\b(plants|plant_events)\b", line)[1] for line in moved} == {
+        "plant_events",
+        "plants",
+    }
 
 
 def wait_for_deliveries(hook, count):
-    """{webhook-id: payload} of the deliveries answered 2xx, once count different ones came."""
+    """{webhook-id: payload} of the deliveries answered 2xx, once count different ones
+    came."""
     deadline = time.monotonic() + WAIT
-    while len(delivered := {webhook_id: payload for webhook_id, payload, status in list(hook.deliveries)
-                            if 200 <= status < 300}) < count:
+    while (
+        len(
+            delivered := {
+                webhook_id: payload
+                for webhook_id, payload, status in list(hook.deliveries)
+                if 200 <= status < 300
+            }
+        )
+        < count
+    ):
         assert time.monotonic() < deadline, f"{len(delivered)} of {count} events came"
         time.sleep(0.05)
     return delivered
 
 
-def test_operations_events_repointed_in_sqlite_go_to_the_new_url(runbook, webhook_app, receiver, capsys):
+def test_operations_events_repointed_in_sqlite_go_to_the_new_url(
+    runbook, webhook_app, receiver, capsys
+):
     old_hook, new_hook = receiver(), receiver()
     old_hook.stop()
     path = runbook.settings["SQLITE"]
-    make_app([TOKEN], store=(store := SQLiteStore(path)), webhook_urls=[old_hook.url], webhook_secret=SECRET)
+    make_app(
+        [TOKEN],
+        store=(store := SQLiteStore(path)),
+        webhook_urls=[old_hook.url],
+        webhook_secret=SECRET,
+    )
     for plant_id in range(5):
         assert store.add(plant_id, f"p{plant_id}", None)
     said = runbook.run("repoint-sqlite", OLD_URL=old_hook.url, NEW_URL=new_hook.url)
@@ -3401,84 +5327,143 @@ def test_operations_events_repointed_in_sqlite_go_to_the_new_url(runbook, webhoo
     assert "dropped" not in capsys.readouterr().err
 
 
-def test_an_empty_tag_stays_an_empty_tag_with_webhooks_on_every_store(any_store, webhook_app, receiver):
-    """A tag of "" is a tag: answered, listed and delivered as "", never as no tag (nor as a 500)."""
+def test_an_empty_tag_stays_an_empty_tag_with_webhooks_on_every_store(
+    any_store, webhook_app, receiver
+):
+    """A tag of "" is a tag: answered, listed and delivered as "", never as no tag (nor
+    as a 500)."""
     hook = receiver()
     application = webhook_app(any_store, hook.url)
-    assert post(application, {"id": 1, "name": "Fern", "tag": ""}, 200).json == {"name": "Fern", "tag": ""}
-    assert application.get("/plants", headers=AUTH, status=200).json == [{"name": "Fern", "tag": ""}]
+    assert post(application, {"id": 1, "name": "Fern", "tag": ""}, 200).json == {
+        "name": "Fern",
+        "tag": "",
+    }
+    assert application.get("/plants", headers=AUTH, status=200).json == [
+        {"name": "Fern", "tag": ""}
+    ]
     assert hook.wait_for(1) == [{"id": 1, "name": "Fern", "tag": ""}]
 
 
 def identity_behind(url, plant_seqs, event_seqs, webhook_url="http://127.0.0.1:1/hook"):
-    """plantstore's tables holding rows copied with their seq, as pgloader copies them: identities left at 1."""
+    """plantstore's tables holding rows copied with their seq, as pgloader copies them:
+    identities left at 1."""
     PostgresStore(url)
     with psycopg.connect(url, autocommit=True) as db:
         for seq in plant_seqs:
-            db.execute("INSERT INTO plants (seq, id, name, tag) OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, NULL)",
-                       (seq, seq, f"copied {seq}".encode()))
+            db.execute(
+                "INSERT INTO plants (seq, id, name, tag) OVERRIDING SYSTEM VALUE "
+                "VALUES (%s, %s, %s, NULL)",
+                (seq, seq, f"copied {seq}".encode()),
+            )
         for seq in event_seqs:
-            db.execute("INSERT INTO plant_events (seq, url, webhook_id, body, next_at) OVERRIDING SYSTEM VALUE"
-                       " VALUES (%s, %s, %s, %s, 0)",
-                       (seq, webhook_url, f"msg_copied{seq}", plantstore.event_json(seq, f"copied {seq}", None)))
+            db.execute(
+                "INSERT INTO plant_events (seq, url, webhook_id, body, next_at) "
+                "OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, 0)",
+                (
+                    seq,
+                    webhook_url,
+                    f"msg_copied{seq}",
+                    plantstore.event_json(seq, f"copied {seq}", None),
+                ),
+            )
 
 
-def test_postgres_identity_behind_the_copied_rows_is_moved_at_start_and_said_in_one_line(pg_url, spawn, receiver,
-                                                                                         postgres):
+def test_postgres_identity_behind_copied_rows_is_moved_at_start_and_said_in_one_line(
+    pg_url, spawn, receiver, postgres
+):
     hook = receiver()
-    identity_behind(pg_url, [1, 2, 3, 20550], [1, 2, 21550], hook.url)  # the next seq, 1, is taken in each
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url, PLANTSTORE_WEBHOOK_URL=hook.url,
-                                 PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    # the next seq, 1, is taken in each
+    identity_behind(pg_url, [1, 2, 3, 20550], [1, 2, 21550], hook.url)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
     process, host, port, err = serve_plantstore(spawn, env)
-    assert post_over_http(host, port, TOKEN, {"id": 7, "name": "new"}) == (200, {"name": "new"})
-    assert over_http(host, port, TOKEN, "GET", "/plants")[1][-1] == {"name": "new"}  # listed last
-    status, _, page = exchange(host, port, "GET", f"/plants?limit=5&after={plantstore.cursor(20550)}")
+    assert post_over_http(host, port, TOKEN, {"id": 7, "name": "new"}) == (
+        200,
+        {"name": "new"},
+    )
+    # listed last
+    assert over_http(host, port, TOKEN, "GET", "/plants")[1][-1] == {"name": "new"}
+    status, _, page = exchange(
+        host, port, "GET", f"/plants?limit=5&after={plantstore.cursor(20550)}"
+    )
     assert (status, page) == (200, [{"name": "new"}])  # after the largest copied seq
-    assert sorted(plant["id"] for plant in hook.wait_for(4)) == [1, 2, 7, 21550]  # the event of the create too
+    # the event of the create too
+    assert sorted(plant["id"] for plant in hook.wait_for(4)) == [1, 2, 7, 21550]
     stop_service(process)
     said = [line for line in err.rest().splitlines() if "identity" in line]
-    assert sorted(re.search(r"\b(plants|plant_events)\b", line)[1] for line in said) == ["plant_events", "plants"]
-    assert all(line.startswith("plantstore: ") and postgres.password not in line for line in said)
+    assert sorted(
+        re.search(r"\b(plants|plant_events)\b", line)[1] for line in said
+    ) == ["plant_events", "plants"]
+    assert all(
+        line.startswith("plantstore: ") and postgres.password not in line
+        for line in said
+    )
     assert "20550" in " ".join(said) and "21550" in " ".join(said)
 
 
 def test_postgres_identity_is_only_ever_moved_forward(pg_url, spawn):
-    """The newest plants deleted, then a restart: a new plant still comes after every link given before."""
+    """The newest plants deleted, then a restart: a new plant still comes after every
+    link given before."""
     store = PostgresStore(pg_url)
     for plant_id in range(12):
         store.add(plant_id, f"p{plant_id}", None)
-    response = webtest.TestApp(make_app([TOKEN], store=store)).get("/plants?limit=10", headers=AUTH, status=200)
+    response = webtest.TestApp(make_app([TOKEN], store=store)).get(
+        "/plants?limit=10", headers=AUTH, status=200
+    )
     link = next_link(response)  # after the 10th plant
     for plant_id in range(5, 12):
         assert store.delete(plant_id)
-    process, host, port, err = serve_plantstore(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN,
-                                                                             PLANTSTORE_DB=pg_url))
+    process, host, port, err = serve_plantstore(
+        spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    )
     assert post_over_http(host, port, TOKEN, {"id": 99, "name": "new"})[0] == 200
     assert over_http(host, port, TOKEN, "GET", link) == (200, [{"name": "new"}])
     stop_service(process)
     assert "identity" not in err.rest()  # nothing was behind: nothing said
 
 
-@pytest.mark.parametrize("columns, column, problem", [
-    ("id BIGINT UNIQUE, name BYTEA NOT NULL", "id", "null"),
-    ("id BIGINT NOT NULL, name BYTEA NOT NULL", "id", "duplicates"),
-    ("id BIGINT NOT NULL UNIQUE, name BYTEA", "name", "null"),
-], ids=["id-nullable", "id-not-unique", "name-nullable"])
+@pytest.mark.parametrize(
+    "columns, column, problem",
+    [
+        ("id BIGINT UNIQUE, name BYTEA NOT NULL", "id", "null"),
+        ("id BIGINT NOT NULL, name BYTEA NOT NULL", "id", "duplicates"),
+        ("id BIGINT NOT NULL UNIQUE, name BYTEA", "name", "null"),
+    ],
+    ids=["id-nullable", "id-not-unique", "name-nullable"],
+)
 def test_postgres_a_plants_table_plantstore_could_not_have_made_is_refused_in_one_line(
-        pg_url, postgres, tmp_path, columns, column, problem):
+    pg_url, postgres, tmp_path, columns, column, problem
+):
     with psycopg.connect(pg_url, autocommit=True) as db:
-        db.execute(f"CREATE TABLE plants (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, {columns},"
-                   " tag BYTEA)")
+        db.execute(
+            "CREATE TABLE plants (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            f" {columns}, tag BYTEA)"
+        )
     code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=pg_url)
     said = "".join(lines)
-    assert code == 2 and len(lines) == 1 and "Traceback" not in said and postgres.password not in said
-    assert said.startswith("plantstore: ") and re.search(rf"\b{column}\b", said) and problem in said.lower()
+    assert (
+        code == 2
+        and len(lines) == 1
+        and "Traceback" not in said
+        and postgres.password not in said
+    )
+    assert (
+        said.startswith("plantstore: ")
+        and re.search(rf"\b{column}\b", said)
+        and problem in said.lower()
+    )
 
 
 # ---- The command line and the module's configuration ----
 
+
 class Lines:
-    """Read a subprocess stream line by line in a thread, with a deadline on each line."""
+    """Read a subprocess stream line by line in a thread, with a deadline on each
+    line."""
 
     def __init__(self, stream):
         self.queue = queue.Queue()
@@ -3491,7 +5476,8 @@ class Lines:
         self.queue.put(None)
 
     def until(self, pattern):
-        """Return the first match of pattern in the lines to come; fail at EOF or after WAIT seconds."""
+        """Return the first match of pattern in the lines to come; fail at EOF or after
+        WAIT seconds."""
         while True:
             line = self.queue.get(timeout=WAIT)
             assert line is not None, f"stream ended before {pattern!r}; saw {self.seen}"
@@ -3506,7 +5492,11 @@ class Lines:
 
 
 def environ_without_tokens(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PLANTSTORE_TOKENS", "PLANTSTORE_DB", "WEB_CONCURRENCY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PLANTSTORE_TOKENS", "PLANTSTORE_DB", "WEB_CONCURRENCY")
+    }
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
@@ -3516,8 +5506,16 @@ def spawn():
     processes = []
 
     def start(args, env):
-        process = subprocess.Popen(args, cwd=HERE, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            args,
+            cwd=HERE,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         processes.append(process)
         return process
 
@@ -3525,7 +5523,8 @@ def spawn():
     yield start
     for process in processes:
         try:
-            os.killpg(process.pid, signal.SIGKILL)  # the process and any workers it forked
+            # the process and any workers it forked
+            os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         process.wait(WAIT)
@@ -3548,23 +5547,38 @@ def exchange(host, port, method, path, document=None, *, token=TOKEN, headers=No
     connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
     try:
         body = None if document is None else json.dumps(document)
-        connection.request(method, path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {token}",
-                                                **(headers or {})})
+        connection.request(
+            method,
+            path,
+            body,
+            {
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {token}",
+                **(headers or {}),
+            },
+        )
         response = connection.getresponse()
         data = response.read()
-        return response.status, dict(response.getheaders()), json.loads(data) if data else None
+        return (
+            response.status,
+            dict(response.getheaders()),
+            json.loads(data) if data else None,
+        )
     finally:
         connection.close()
 
 
 def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spawn):
-    process = spawn([sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens())
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens()
+    )
     err = Lines(process.stderr)
     token = err.until(r"accepts one new token: (\S+)")[1]
     host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
     assert host == "127.0.0.1"
-    assert post_over_http(host, port, token, {"id": 1, "name": "Fern", "tag": "indoor"}) == \
-        (200, {"name": "Fern", "tag": "indoor"})
+    assert post_over_http(
+        host, port, token, {"id": 1, "name": "Fern", "tag": "indoor"}
+    ) == (200, {"name": "Fern", "tag": "indoor"})
     assert post_over_http(host, port, "not-the-token", {"id": 2, "name": "x"})[0] == 401
     process.send_signal(signal.SIGINT)
     assert process.wait(WAIT) == 0
@@ -3573,14 +5587,19 @@ def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spaw
     assert rest.count(token) == 1  # printed once, never logged again
 
 
-
-def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(spawn):
-    process = spawn([sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(
+    spawn,
+):
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
+    )
     err = Lines(process.stderr)
     host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
     body = b'{"id": 1, "name": "Fern"}'
     with socket.create_connection((host, int(port)), timeout=WAIT) as in_flight:
-        in_flight.sendall(raw_request(body)[:-10])  # the request is under way: its last bytes come later
+        # the request is under way: its last bytes come later
+        in_flight.sendall(raw_request(body)[:-10])
         time.sleep(0.3)
         process.send_signal(signal.SIGTERM)
         err.until("stopping")
@@ -3590,12 +5609,18 @@ def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exit
         assert read_status(in_flight) == (200, {"name": "Fern"})
     assert process.wait(WAIT) == 0 and "Traceback" not in err.rest()
 
+
 def test_python_plantstore_py_uses_plantstore_tokens(spawn):
-    process = spawn([sys.executable, "plantstore.py", "--host", "127.0.0.1", "--port", "0"],
-                    environ_without_tokens(PLANTSTORE_TOKENS=f" {TOKEN} , {OTHER_TOKEN} "))
+    process = spawn(
+        [sys.executable, "plantstore.py", "--host", "127.0.0.1", "--port", "0"],
+        environ_without_tokens(PLANTSTORE_TOKENS=f" {TOKEN} , {OTHER_TOKEN} "),
+    )
     err = Lines(process.stderr)
     host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
-    assert post_over_http(host, port, OTHER_TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    assert post_over_http(host, port, OTHER_TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
     process.send_signal(signal.SIGINT)
     assert process.wait(WAIT) == 0
     rest = err.rest()
@@ -3606,51 +5631,95 @@ def test_python_plantstore_py_reports_a_port_in_use_in_one_line(spawn):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        process = spawn([sys.executable, "plantstore.py", "--port", str(taken.getsockname()[1])],
-                        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", str(taken.getsockname()[1])],
+            environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
+        )
         assert process.wait(WAIT) == 2
     err = process.stderr.read()
     assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("settings, said", [
-    ({"PLANTSTORE_TOKENS": "..."}, "must be at least 16 characters"),  # the README's placeholder, pasted as is
-    ({"PLANTSTORE_TOKENS": "eleven-char"}, "must be at least 16 characters"),
-    ({"PLANTSTORE_TOKENS": ",, ,"}, "PLANTSTORE_TOKENS is set but holds no token"),
-    ({"PLANTSTORE_DB": "{tmp}/missing/plants.sqlite3"}, "{tmp}/missing: no such directory"),
-    ({"PLANTSTORE_DB": "{tmp}/locked/plants.sqlite3"}, "{tmp}/locked: this user cannot write in this directory"),
-], ids=["placeholder-token", "short-token", "no-token", "missing-directory", "unwritable-directory"])
-def test_python_plantstore_py_refuses_a_bad_setting_in_one_line(spawn, tmp_path, settings, said):
+@pytest.mark.parametrize(
+    "settings, said",
+    [
+        # the README's placeholder, pasted as is
+        ({"PLANTSTORE_TOKENS": "..."}, "must be at least 16 characters"),
+        ({"PLANTSTORE_TOKENS": "eleven-char"}, "must be at least 16 characters"),
+        ({"PLANTSTORE_TOKENS": ",, ,"}, "PLANTSTORE_TOKENS is set but holds no token"),
+        (
+            {"PLANTSTORE_DB": "{tmp}/missing/plants.sqlite3"},
+            "{tmp}/missing: no such directory",
+        ),
+        (
+            {"PLANTSTORE_DB": "{tmp}/locked/plants.sqlite3"},
+            "{tmp}/locked: this user cannot write in this directory",
+        ),
+    ],
+    ids=[
+        "placeholder-token",
+        "short-token",
+        "no-token",
+        "missing-directory",
+        "unwritable-directory",
+    ],
+)
+def test_python_plantstore_py_refuses_a_bad_setting_in_one_line(
+    spawn, tmp_path, settings, said
+):
     (tmp_path / "locked").mkdir()
     make_read_only(tmp_path / "locked", True)
     try:
-        settings = {name: value.format(tmp=tmp_path) for name, value in {"PLANTSTORE_TOKENS": TOKEN, **settings}.items()}
-        process = spawn([sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens(**settings))
+        settings = {
+            name: value.format(tmp=tmp_path)
+            for name, value in {"PLANTSTORE_TOKENS": TOKEN, **settings}.items()
+        }
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", "0"],
+            environ_without_tokens(**settings),
+        )
         assert process.wait(WAIT) == 2
     finally:
         make_read_only(tmp_path / "locked", False)
     err = process.stderr.read()
-    assert err.splitlines() == [err.strip()] and said.format(tmp=tmp_path) in err  # one line, saying why
+    # one line, saying why
+    assert err.splitlines() == [err.strip()] and said.format(tmp=tmp_path) in err
     assert "listening" not in err and "Traceback" not in err and "not set" not in err
 
 
 def test_version_and_help_name_the_settings(spawn):
-    version = spawn([sys.executable, "plantstore.py", "--version"], environ_without_tokens())
-    assert version.wait(WAIT) == 0 and version.stdout.read() == f"plantstore {plantstore.__version__}\n"
+    version = spawn(
+        [sys.executable, "plantstore.py", "--version"], environ_without_tokens()
+    )
+    assert (
+        version.wait(WAIT) == 0
+        and version.stdout.read() == f"plantstore {plantstore.__version__}\n"
+    )
     shown = spawn([sys.executable, "plantstore.py", "--help"], environ_without_tokens())
     assert shown.wait(WAIT) == 0
     text = shown.stdout.read()
-    assert "PLANTSTORE_TOKENS" in text and "PLANTSTORE_DB" in text and "README.md" in text
+    assert (
+        "PLANTSTORE_TOKENS" in text and "PLANTSTORE_DB" in text and "README.md" in text
+    )
 
 
 @pytest.mark.parametrize("how", ["python plantstore.py", "import plantstore"])
 def test_python_older_than_3_11_is_told_so_in_one_line(spawn, how):
-    run = "runpy.run_path('plantstore.py', run_name='__main__')" if how.startswith("python") else "import plantstore"
-    code = f"import runpy, sys; sys.version_info = (3, 10, 13, 'final', 0); {run}"  # as Python 3.10 would see it
-    process = spawn([sys.executable, "-c", code], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    run = (
+        "runpy.run_path('plantstore.py', run_name='__main__')"
+        if how.startswith("python")
+        else "import plantstore"
+    )
+    # as Python 3.10 would see it
+    code = f"import runpy, sys; sys.version_info = (3, 10, 13, 'final', 0); {run}"
+    process = spawn(
+        [sys.executable, "-c", code], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)
+    )
     assert process.wait(WAIT) == 1
-    assert process.stderr.read().splitlines() == [f"plantstore needs Python 3.11 or newer; this is Python "
-                                                  f"{sys.version.split()[0]}"]
+    assert process.stderr.read().splitlines() == [
+        f"plantstore needs Python 3.11 or newer; this is Python "
+        f"{sys.version.split()[0]}"
+    ]
 
 
 def test_import_has_no_side_effects(spawn):
@@ -3665,14 +5734,24 @@ def test_app_is_built_from_the_environment(monkeypatch):
     monkeypatch.setenv("PLANTSTORE_TOKENS", f"{TOKEN},{OTHER_TOKEN}")
     application = plantstore.app
     assert vars(plantstore)["app"] is application  # built once, then a plain attribute
-    post(webtest.TestApp(application), {"id": 1, "name": "Fern"}, 200, headers={"Authorization": f"Bearer {OTHER_TOKEN}"})
+    post(
+        webtest.TestApp(application),
+        {"id": 1, "name": "Fern"},
+        200,
+        headers={"Authorization": f"Bearer {OTHER_TOKEN}"},
+    )
 
 
-@pytest.mark.parametrize("value, message", [(None, "PLANTSTORE_TOKENS is not set"),
-                                            ("", "PLANTSTORE_TOKENS is set but holds no token"),
-                                            (" , ,", "PLANTSTORE_TOKENS is set but holds no token"),
-                                            ("...", "at least 16 characters")],
-                         ids=["unset", "empty", "only-commas", "placeholder"])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (None, "PLANTSTORE_TOKENS is not set"),
+        ("", "PLANTSTORE_TOKENS is set but holds no token"),
+        (" , ,", "PLANTSTORE_TOKENS is set but holds no token"),
+        ("...", "at least 16 characters"),
+    ],
+    ids=["unset", "empty", "only-commas", "placeholder"],
+)
 def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, message):
     monkeypatch.delitem(vars(plantstore), "app", raising=False)
     if value is None:
@@ -3680,7 +5759,8 @@ def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, mess
     else:
         monkeypatch.setenv("PLANTSTORE_TOKENS", value)
     with pytest.raises(AttributeError, match=message):
-        _ = plantstore.app  # the attribute is built when first read: reading it is the test
+        # the attribute is built when first read: reading it is the test
+        _ = plantstore.app
     assert not hasattr(plantstore, "app")
 
 
@@ -3693,12 +5773,15 @@ def test_unknown_module_attributes_still_raise_attribute_error():
 
 PASSWORD = "s3cr3t-pw"
 
-# The password in the issue's six spellings; the last one cannot be read, the others are served.
+# The password in the issue's six spellings; the last one cannot be read, the others are
+# served.
 SECRET_SPELLINGS = {
     "user-info": "postgresql://plant:s3cr3t-pw@db.example:5432/plants",
     "query": "postgresql://plant@db.example:5432/plants?password=s3cr3t-pw",
     "sslpassword": "postgresql://plant@db.example:5432/plants?sslpassword=s3cr3t-pw",
-    "keyword-value": "host=db.example port=5432 user=plant password=s3cr3t-pw dbname=plants",
+    "keyword-value": (
+        "host=db.example port=5432 user=plant password=s3cr3t-pw dbname=plants"
+    ),
     "percent-encoded": "postgresql://plant:%73%33cr3t-pw@db.example:5432/plants",
     "malformed": "postgresql://plant:s3cr3t-pw%zz@db.example:5432/plants",
 }
@@ -3717,41 +5800,75 @@ def test_settings_a_database_password_is_never_shown_however_it_is_spelt(value):
         assert shown.startswith("PLANTSTORE_DB ") and "%-escape" in shown
     else:
         assert shown == "PostgreSQL postgresql://plant@db.example:5432/plants"
-        assert PASSWORD in (parameters.get("password"), parameters.get("sslpassword"))  # meant
+        # meant
+        assert PASSWORD in (parameters.get("password"), parameters.get("sslpassword"))
     assert_secret_kept(shown)
     assert "\n" not in shown
 
 
 POSTGRES_FORMS = [  # PLANTSTORE_DB, some of libpq's parameters, shown
-    ("POSTGRESQL://plant:s3cr3t-pw@Db.Example/plants", {"host": "Db.Example"},
-     "postgresql://plant@Db.Example/plants"),
-    ("postgres://plant@db.example/plants", {"user": "plant"},
-     "postgresql://plant@db.example/plants"),
-    ("host = db.example  dbname = plants", {"host": "db.example"},
-     "postgresql://db.example/plants"),
-    ("postgresql://plant@h1:5432,h2:5433/plants", {"port": "5432,5433"},
-     "postgresql://plant@h1:5432,h2:5433/plants"),
-    ("host=h1,h2 port=5433 dbname=plants", {"host": "h1,h2"},
-     "postgresql://h1:5433,h2:5433/plants"),
-    ("postgresql://plant@[::1]:5432/plants", {"host": "::1"},
-     "postgresql://plant@[::1]:5432/plants"),
-    ("postgresql:///plants?host=/run/postgresql", {"host": "/run/postgresql"},
-     "postgresql://%2Frun%2Fpostgresql/plants"),
+    (
+        "POSTGRESQL://plant:s3cr3t-pw@Db.Example/plants",
+        {"host": "Db.Example"},
+        "postgresql://plant@Db.Example/plants",
+    ),
+    (
+        "postgres://plant@db.example/plants",
+        {"user": "plant"},
+        "postgresql://plant@db.example/plants",
+    ),
+    (
+        "host = db.example  dbname = plants",
+        {"host": "db.example"},
+        "postgresql://db.example/plants",
+    ),
+    (
+        "postgresql://plant@h1:5432,h2:5433/plants",
+        {"port": "5432,5433"},
+        "postgresql://plant@h1:5432,h2:5433/plants",
+    ),
+    (
+        "host=h1,h2 port=5433 dbname=plants",
+        {"host": "h1,h2"},
+        "postgresql://h1:5433,h2:5433/plants",
+    ),
+    (
+        "postgresql://plant@[::1]:5432/plants",
+        {"host": "::1"},
+        "postgresql://plant@[::1]:5432/plants",
+    ),
+    (
+        "postgresql:///plants?host=/run/postgresql",
+        {"host": "/run/postgresql"},
+        "postgresql://%2Frun%2Fpostgresql/plants",
+    ),
 ]
 
 
-@pytest.mark.parametrize("value, parameters, shown", POSTGRES_FORMS,
-                         ids=[row[0] for row in POSTGRES_FORMS])
-def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(value, parameters, shown):
+@pytest.mark.parametrize(
+    "value, parameters, shown", POSTGRES_FORMS, ids=[row[0] for row in POSTGRES_FORMS]
+)
+def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(
+    value, parameters, shown
+):
     read, said = plantstore.postgres_settings(value)
     assert parameters.items() <= read.items()
-    assert said == f"PostgreSQL {shown}"  # a URL libpq reads back: brackets, %2F for a socket
+    # a URL libpq reads back: brackets, %2F for a socket
+    assert said == f"PostgreSQL {shown}"
 
 
-@pytest.mark.parametrize("value, path", [
-    ("plants.db", "plants.db"), ("sqlite:///plants.db", "plants.db"),
-    ("SQLITE:///plants.db", "plants.db"), ("sqlite:///sub/plants.db", "sub/plants.db")])
-def test_settings_an_sqlite_file_is_served_where_it_says(value, path, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "value, path",
+    [
+        ("plants.db", "plants.db"),
+        ("sqlite:///plants.db", "plants.db"),
+        ("SQLITE:///plants.db", "plants.db"),
+        ("sqlite:///sub/plants.db", "sub/plants.db"),
+    ],
+)
+def test_settings_an_sqlite_file_is_served_where_it_says(
+    value, path, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     store = plantstore.store_from_environ({"PLANTSTORE_DB": value})
@@ -3765,14 +5882,24 @@ REFUSED = [  # PLANTSTORE_DB, words of the one line
     ("postgresql+psycopg://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
     ("http://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
     ("postgresql://plant:s3cr3t-pw%zz@db.example/plants", "%-escape"),
-    ("postgresql://plant:s3cr3t-pw@db.example/plants?bogus=1", "an option libpq does not know"),
+    (
+        "postgresql://plant:s3cr3t-pw@db.example/plants?bogus=1",
+        "an option libpq does not know",
+    ),
     ("host=db.example bogus=1 password=s3cr3t-pw", "an option libpq does not know"),
     ("host=db.example password", "a word without =value"),
-    ("postgresql://plant:s3cr3t-pw@db.example:notaport/plants", "a number from 1 to 65535"),
-    ("postgresql://plant:s3cr3t-pw@db.example:99999/plants", "a number from 1 to 65535"),
+    (
+        "postgresql://plant:s3cr3t-pw@db.example:notaport/plants",
+        "a number from 1 to 65535",
+    ),
+    (
+        "postgresql://plant:s3cr3t-pw@db.example:99999/plants",
+        "a number from 1 to 65535",
+    ),
     ("postgresql://plant:s3cr3t-pw@db.example:0/plants", "a number from 1 to 65535"),
     ("host=db.example port=s3cr3t-pw", "a number from 1 to 65535"),
-    ("postgresql://plant:s3cr3t-pw/plants", "a number from 1 to 65535"),  # the host forgotten
+    # the host forgotten
+    ("postgresql://plant:s3cr3t-pw/plants", "a number from 1 to 65535"),
     ("host=h1,h2,h3 port=5432,5433", "one for every host or one for all"),
     ("file:plants.db?mode=rwc", "unset it to keep the plants in memory"),
     ("FILE:plants.db", "unset it to keep the plants in memory"),
@@ -3785,8 +5912,9 @@ REFUSED = [  # PLANTSTORE_DB, words of the one line
 
 
 @pytest.mark.parametrize("value, words", REFUSED, ids=[row[0] for row in REFUSED])
-def test_settings_a_database_that_cannot_be_served_is_refused_in_one_line(value, words, tmp_path,
-                                                                          monkeypatch):
+def test_settings_a_database_that_cannot_be_served_is_refused_in_one_line(
+    value, words, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError) as refusal:
         plantstore.store_from_environ({"PLANTSTORE_DB": value})
@@ -3794,18 +5922,25 @@ def test_settings_a_database_that_cannot_be_served_is_refused_in_one_line(value,
     assert line.startswith("PLANTSTORE_DB") and words in line and "\n" not in line
     assert "plant:" not in line  # no user-info either
     assert_secret_kept(line)
-    assert refusal.value.__cause__ is None  # nothing chained: libpq's message quotes the value
+    # nothing chained: libpq's message quotes the value
+    assert refusal.value.__cause__ is None
     assert refusal.value.__context__ is None or refusal.value.__suppress_context__
     assert list(tmp_path.iterdir()) == []  # no file named after the setting
 
 
 WEBHOOKS_REFUSED = [  # user-info, a bad port, a bad host, another scheme, a space
-    "https://plant:s3cr3t-pw@example.org/hook", "https://@example.org/hook?k=s3cr3t-pw",
-    "https://example.org:abc/hook?key=s3cr3t-pw", "https://example.org:99999/hook?key=s3cr3t-pw",
-    "https://example.org:0/hook?key=s3cr3t-pw", "https://[::1/hook?key=s3cr3t-pw",
-    "https://exa mple.org/hook?key=s3cr3t-pw", "https:///hook?key=s3cr3t-pw",
-    "ftp://example.org/hook?key=s3cr3t-pw", "example.org/hook?key=s3cr3t-pw",
-    "https://example.org/hook?key=s3cr3t pw"]
+    "https://plant:s3cr3t-pw@example.org/hook",
+    "https://@example.org/hook?k=s3cr3t-pw",
+    "https://example.org:abc/hook?key=s3cr3t-pw",
+    "https://example.org:99999/hook?key=s3cr3t-pw",
+    "https://example.org:0/hook?key=s3cr3t-pw",
+    "https://[::1/hook?key=s3cr3t-pw",
+    "https://exa mple.org/hook?key=s3cr3t-pw",
+    "https:///hook?key=s3cr3t-pw",
+    "ftp://example.org/hook?key=s3cr3t-pw",
+    "example.org/hook?key=s3cr3t-pw",
+    "https://example.org/hook?key=s3cr3t pw",
+]
 
 
 @pytest.mark.parametrize("url", WEBHOOKS_REFUSED)
@@ -3817,9 +5952,15 @@ def test_settings_a_webhook_url_never_delivered_is_refused_without_its_secret(ur
     assert "example.org" not in line and "s3cr3t" not in line
 
 
-@pytest.mark.parametrize("url", ["https://example.org/hook?key=s3cr3t-pw",
-                                 "http://127.0.0.1:8080/h", "http://[::1]:9000/h",
-                                 "HTTPS://Example.org/Hook"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.org/hook?key=s3cr3t-pw",
+        "http://127.0.0.1:8080/h",
+        "http://[::1]:9000/h",
+        "HTTPS://Example.org/Hook",
+    ],
+)
 def test_settings_a_webhook_url_that_can_be_delivered_is_kept_as_written(url):
     assert plantstore.check_webhook_url(url) == url
 
@@ -3837,21 +5978,43 @@ ORIGINS = [  # as written, as a browser sends it
 
 @pytest.mark.parametrize("written, sent", ORIGINS, ids=[row[0] for row in ORIGINS])
 def test_settings_a_cors_origin_is_compared_as_a_browser_sends_it(written, sent):
-    application = plantstore.make_app([TOKEN], cors_origins=["https://a.example", written])
+    application = plantstore.make_app(
+        [TOKEN], cors_origins=["https://a.example", written]
+    )
     app = webtest.TestApp(application)
-    answer = app.get("/plants", headers={"Authorization": f"Bearer {TOKEN}", "Origin": sent},
-                     status=200)
+    answer = app.get(
+        "/plants",
+        headers={"Authorization": f"Bearer {TOKEN}", "Origin": sent},
+        status=200,
+    )
     assert answer.headers["Access-Control-Allow-Origin"] == sent
 
 
-@pytest.mark.parametrize("origin", [
-    "https://example.org:99999", "https://example.org:0", "https://example.org:abc",
-    "https://example.org/", "https://example.org/app", "https://example.org?", "*", "null",
-    "example.org", "ftp://example.org", "https://bücher.example", "https://user:pw@example.org",
-    "http://[::1", "https://exa mple.org"])
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://example.org:99999",
+        "https://example.org:0",
+        "https://example.org:abc",
+        "https://example.org/",
+        "https://example.org/app",
+        "https://example.org?",
+        "*",
+        "null",
+        "example.org",
+        "ftp://example.org",
+        "https://bücher.example",
+        "https://user:pw@example.org",
+        "http://[::1",
+        "https://exa mple.org",
+    ],
+)
 def test_settings_a_cors_origin_no_browser_sends_is_refused(origin):
-    with pytest.raises(ValueError, match=r"^each origin in PLANTSTORE_CORS_ORIGINS must be one a "
-                                         r"browser sends"):
+    with pytest.raises(
+        ValueError,
+        match=r"^each origin in PLANTSTORE_CORS_ORIGINS must be one a "
+        r"browser sends",
+    ):
         plantstore.make_app([TOKEN], cors_origins=["https://a.example", origin])
 
 
@@ -3868,7 +6031,12 @@ UNKNOWN = [  # variable, the close name suggested (None: none)
 
 @pytest.mark.parametrize("name, close", UNKNOWN, ids=[row[0] for row in UNKNOWN])
 def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name, close):
-    environ = {name: "s3cr3t-pw", "PLANTSTORE_DB": "", "HOME": "/root", "PLANTSTORE_TOKENS": TOKEN}
+    environ = {
+        name: "s3cr3t-pw",
+        "PLANTSTORE_DB": "",
+        "HOME": "/root",
+        "PLANTSTORE_TOKENS": TOKEN,
+    }
     [warning] = plantstore.unknown_settings(environ)
     assert warning.startswith(f"{name} is not a plantstore setting, so it is ignored")
     assert warning.endswith(f"; did you mean {close}?" if close else "ignored")
@@ -3877,15 +6045,20 @@ def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name,
 
 # ---- python plantstore.py, as a new user runs it ----
 
+
 def run_plantstore(tmp_path, **settings):
-    """Start python plantstore.py in tmp_path; return its exit code (None: it serves) and lines."""
+    """Start python plantstore.py in tmp_path; return its exit code (None: it serves)
+    and lines."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
-    process = subprocess.Popen([sys.executable, HERE / "plantstore.py", "--port", "0"],
-                               cwd=tmp_path,
-                               env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_TOKENS": TOKEN,
-                                    **settings},
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, HERE / "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_TOKENS": TOKEN, **settings},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines, err = [], Lines(process.stderr)
         while not lines or "listening on" not in lines[-1]:
@@ -3899,31 +6072,42 @@ def run_plantstore(tmp_path, **settings):
         process.wait(WAIT)  # the reading thread then meets the end of the stream
 
 
-MORE_REFUSED = {"mysql": "mysql://plant:s3cr3t-pw@h/plants",
-                "notaport": "POSTGRESQL://plant:s3cr3t-pw@127.0.0.1:notaport/plants",
-                "option": "postgresql://plant:s3cr3t-pw@h/plants?bogus=1",
-                "sqlite-memory": "sqlite:///:memory:", "file": "file:plants.db?mode=rwc"}
+MORE_REFUSED = {
+    "mysql": "mysql://plant:s3cr3t-pw@h/plants",
+    "notaport": "POSTGRESQL://plant:s3cr3t-pw@127.0.0.1:notaport/plants",
+    "option": "postgresql://plant:s3cr3t-pw@h/plants?bogus=1",
+    "sqlite-memory": "sqlite:///:memory:",
+    "file": "file:plants.db?mode=rwc",
+}
 
 
-@pytest.mark.parametrize("value", [*SECRET_SPELLINGS.values(), *MORE_REFUSED.values()],
-                         ids=[*SECRET_SPELLINGS, *MORE_REFUSED])
+@pytest.mark.parametrize(
+    "value",
+    [*SECRET_SPELLINGS.values(), *MORE_REFUSED.values()],
+    ids=[*SECRET_SPELLINGS, *MORE_REFUSED],
+)
 def test_settings_python_plantstore_py_never_shows_the_password(tmp_path, value):
-    if "db.example" in value:  # served: no DNS look-up of db.example, a refused loopback port
+    # served: no DNS look-up of db.example, a refused loopback port
+    if "db.example" in value:
         value = value.replace("db.example", "127.0.0.1").replace("5432", "1")
     code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=value)
     said = "".join(lines)
     assert_secret_kept(said)
     assert "Traceback" not in said
-    assert [path.name for path in tmp_path.iterdir()] == []  # no file named after the setting
+    # no file named after the setting
+    assert [path.name for path in tmp_path.iterdir()] == []
     if code is not None:
         assert code == 2 and len(lines) <= 2 and "PLANTSTORE_DB" in said
     else:
         assert "plants in PostgreSQL postgresql://plant@127.0.0.1:1/plants" in said
 
 
-def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_variable(tmp_path):
-    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB="sqlite:///plants.db",
-                                 PLANTSTORE_DATABASE="s3cr3t-pw")
+def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_variable(
+    tmp_path,
+):
+    code, lines = run_plantstore(
+        tmp_path, PLANTSTORE_DB="sqlite:///plants.db", PLANTSTORE_DATABASE="s3cr3t-pw"
+    )
     said = "".join(lines)
     assert code is None and "PLANTSTORE_DATABASE" in said
     assert f"plants in SQLite file {tmp_path}/plants.db" in said
@@ -3931,7 +6115,9 @@ def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_vari
     assert (tmp_path / "plants.db").stat().st_mode & 0o777 == 0o600
 
 
-def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_umask(tmp_path):
+def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_umask(
+    tmp_path,
+):
     previous = os.umask(0o022)
     try:
         store = SQLiteStore(tmp_path / "plants.sqlite3")
@@ -3945,32 +6131,48 @@ def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_um
 
 # ---- A real PostgreSQL 15: a role that may not create tables in schema public ----
 
+
 @pytest.fixture
 def limited_role(postgres):
-    """A fresh database of the suite's superuser, and a role that may log in, nothing more."""
+    """A fresh database of the suite's superuser, and a role that may log in, nothing
+    more."""
     name, password = f"settings_{secrets.token_hex(4)}", secrets.token_urlsafe(12)
     base = postgres.url.rpartition("/")[0]
     with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
         db.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        db.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name),
-                                                                      sql.Literal(password)))
+        db.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
     host_port = base.rpartition("@")[2]
     try:
-        yield {"owner": f"{base}/{name}", "role": name, "password": password,
-               "url": f"postgresql://{name}:{password}@{host_port}/{name}"}
+        yield {
+            "owner": f"{base}/{name}",
+            "role": name,
+            "password": password,
+            "url": f"postgresql://{name}:{password}@{host_port}/{name}",
+        }
     finally:
         with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
-            db.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+            db.execute(
+                sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name))
+            )
             db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
 def grant_the_tables(limited_role):
     with psycopg.connect(limited_role["owner"], autocommit=True) as db:
-        db.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO {}")
-                   .format(sql.Identifier(limited_role["role"])))
+        db.execute(
+            sql.SQL(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO {}"
+            ).format(sql.Identifier(limited_role["role"]))
+        )
 
 
-def test_settings_a_role_without_create_on_public_is_refused_in_one_line(limited_role, tmp_path):
+def test_settings_a_role_without_create_on_public_is_refused_in_one_line(
+    limited_role, tmp_path
+):
     code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=limited_role["url"])
     said = "".join(lines)
     assert code == 2 and len(lines) == 1 and "Traceback" not in said
@@ -3978,15 +6180,20 @@ def test_settings_a_role_without_create_on_public_is_refused_in_one_line(limited
     assert limited_role["password"] not in said
 
 
-def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(limited_role):
-    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables, grants nothing
+def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
+    limited_role,
+):
+    # the owner makes the tables, grants nothing
+    plantstore.PostgresStore(limited_role["owner"])
     with pytest.raises(ValueError) as refusal:
         plantstore.PostgresStore(limited_role["url"])
     assert "SELECT, INSERT, UPDATE and DELETE" in str(refusal.value)
     assert limited_role["password"] not in str(refusal.value)
 
 
-def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(limited_role):
+def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
+    limited_role,
+):
     plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
     grant_the_tables(limited_role)
     store = plantstore.PostgresStore(limited_role["url"])
@@ -3995,12 +6202,16 @@ def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(limit
     assert store.delete(7) is True
 
 
-def test_settings_a_libpq_string_reaches_the_database_the_url_does(limited_role, postgres):
+def test_settings_a_libpq_string_reaches_the_database_the_url_does(
+    limited_role, postgres
+):
     plantstore.PostgresStore(limited_role["owner"])
     grant_the_tables(limited_role)
     role, password = limited_role["role"], limited_role["password"]
-    keywords = (f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
-                f"dbname={role}")
+    keywords = (
+        f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
+        f"dbname={role}"
+    )
     assert plantstore.PostgresStore(keywords).add(1, "Fern", "indoor") is True
     upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
     plants = plantstore.PostgresStore(upper).page(None, 10)
@@ -4009,9 +6220,23 @@ def test_settings_a_libpq_string_reaches_the_database_the_url_does(limited_role,
 
 # ---- gunicorn, the production server (a test dependency too) ----
 
+
 def gunicorn(spawn, env):
-    return spawn([sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8", "-b", "127.0.0.1:0",
-                  "plantstore:app"], env)
+    return spawn(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-w",
+            "1",
+            "--threads",
+            "8",
+            "-b",
+            "127.0.0.1:0",
+            "plantstore:app",
+        ],
+        env,
+    )
 
 
 def test_gunicorn_serves_with_plantstore_tokens(spawn):
@@ -4019,7 +6244,10 @@ def test_gunicorn_serves_with_plantstore_tokens(spawn):
     err = Lines(process.stderr)
     host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
     err.until(r"Booting worker")
-    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
     assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Again"})[0] == 409
     process.send_signal(signal.SIGTERM)
     assert process.wait(WAIT) == 0
@@ -4036,35 +6264,66 @@ def test_gunicorn_refuses_to_boot_without_tokens(spawn):
 
 # ---- nginx in front of gunicorn, with the shipped deploy/nginx.conf ----
 
+
 def nginx_binary():
-    found = shutil.which("nginx") or next((path for path in ("/usr/sbin/nginx",) if os.path.exists(path)), None)
-    assert found, "nginx is not installed: apt-get install nginx-light (.ci/run does it)"
+    found = shutil.which("nginx") or next(
+        (path for path in ("/usr/sbin/nginx",) if os.path.exists(path)), None
+    )
+    assert found, (
+        "nginx is not installed: apt-get install nginx-light (.ci/run does it)"
+    )
     return found
 
 
 def start_nginx(spawn, folder, upstreams, logged=""):
-    """nginx with the shipped deploy/nginx.conf, its ports and paths substituted, in front of the gunicorns at
-    `upstreams` (host:port, one or two); `logged`: http-level lines the test adds. Return its loopback port."""
+    """nginx with the shipped deploy/nginx.conf, its ports and paths substituted, in
+    front of the gunicorns at `upstreams` (host:port, one or two); `logged`: http-level
+    lines the test adds. Return its loopback port."""
     port = free_port()
     config = (HERE / "deploy" / "nginx.conf").read_text()
     substitutions = [
-        ("user www-data;", "user root;" if os.geteuid() == 0 else ""),  # workers as the test's own user
+        # workers as the test's own user
+        ("user www-data;", "user root;" if os.geteuid() == 0 else ""),
         ("pid /run/nginx.pid;", f"pid {folder}/nginx.pid;"),
         ("/var/log/nginx/", f"{folder}/"),
         ("listen 80 default_server;", f"listen 127.0.0.1:{port} default_server;"),
         ("server 127.0.0.1:8000 ", f"server {upstreams[0]} "),
-        *([("# server 10.0.0.2:8000 ", f"server {upstreams[1]} ")] if len(upstreams) > 1 else []),
-        ("http {", f"http {{\n    client_body_temp_path {folder}/body; proxy_temp_path {folder}/proxy;\n{logged}"),
+        *(
+            [("# server 10.0.0.2:8000 ", f"server {upstreams[1]} ")]
+            if len(upstreams) > 1
+            else []
+        ),
+        (
+            "http {",
+            f"http {{\n    client_body_temp_path {folder}/body;"
+            f" proxy_temp_path {folder}/proxy;\n{logged}",
+        ),
     ]
     for shipped, local in substitutions:
-        assert shipped in config, f"deploy/nginx.conf no longer has {shipped!r}: change the test with it"
+        assert shipped in config, (
+            f"deploy/nginx.conf no longer has {shipped!r}: change the test with it"
+        )
         config = config.replace(shipped, local)
     (folder / "nginx.conf").write_text(config)
-    nginx = spawn([nginx_binary(), "-p", str(folder), "-c", str(folder / "nginx.conf"), "-e",
-                   str(folder / "error.log"), "-g", "daemon off;"], environ_without_tokens())
+    nginx = spawn(
+        [
+            nginx_binary(),
+            "-p",
+            str(folder),
+            "-c",
+            str(folder / "nginx.conf"),
+            "-e",
+            str(folder / "error.log"),
+            "-g",
+            "daemon off;",
+        ],
+        environ_without_tokens(),
+    )
     deadline = time.monotonic() + WAIT
     while True:
-        assert nginx.poll() is None, f"nginx did not start: {(folder / 'error.log').read_text()}"
+        assert nginx.poll() is None, (
+            f"nginx did not start: {(folder / 'error.log').read_text()}"
+        )
         with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return port
@@ -4074,20 +6333,27 @@ def start_nginx(spawn, folder, upstreams, logged=""):
 
 @pytest.fixture
 def nginx_in_front(spawn, tmp_path):
-    """gunicorn -w 1 --threads 8, and nginx before it with deploy/nginx.conf, its ports and paths substituted."""
-    _, _, gunicorn_port, _ = start_gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN))
+    """gunicorn -w 1 --threads 8, and nginx before it with deploy/nginx.conf, its ports
+    and paths substituted."""
+    _, _, gunicorn_port, _ = start_gunicorn(
+        spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)
+    )
     port = start_nginx(spawn, tmp_path, [f"127.0.0.1:{gunicorn_port}"])
     return SimpleNamespace(port=port, folder=tmp_path, gunicorn_port=gunicorn_port)
 
 
 def from_address(source, port):
-    """A connection to loopback from another loopback address: nginx counts it as another client."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT, source_address=(source, 0))
+    """A connection to loopback from another loopback address: nginx counts it as
+    another client."""
+    sock = socket.create_connection(
+        ("127.0.0.1", port), timeout=WAIT, source_address=(source, 0)
+    )
     return sock
 
 
 def still_open(sock):
-    """True while the peer has not closed the connection (nothing to read, no end of stream)."""
+    """True while the peer has not closed the connection (nothing to read, no end of
+    stream)."""
     sock.setblocking(False)
     try:
         return sock.recv(1) != b""
@@ -4099,11 +6365,14 @@ def still_open(sock):
         sock.setblocking(True)
 
 
-def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(nginx_in_front):
+def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(
+    nginx_in_front,
+):
     port, slow, stop = nginx_in_front.port, [], threading.Event()
     request = raw_request({"id": 0, "name": "never"})
     try:
-        for _ in range(508):  # 8 that send one byte and go silent, 500 that trickle their headers
+        # 8 that send one byte and go silent, 500 that trickle their headers
+        for _ in range(508):
             slow.append(from_address("127.0.0.2", port))
             slow[-1].sendall(request[:1])
 
@@ -4111,13 +6380,17 @@ def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(nginx
             for offset in itertools.count(1):
                 for sock in slow[8:]:
                     with contextlib.suppress(OSError):
-                        sock.sendall(request[offset:offset + 1])
-                if stop.wait(0.2) or offset > 40:  # bounded: 8 s at most, below nginx's header timeout
+                        sock.sendall(request[offset : offset + 1])
+                # bounded: 8 s at most, below nginx's header timeout
+                if stop.wait(0.2) or offset > 40:
                     return
 
         trickler = threading.Thread(target=trickle)
         trickler.start()
-        statuses = [post_over_http("127.0.0.1", port, TOKEN, {"id": n, "name": f"p{n}"})[0] for n in range(1, 21)]
+        statuses = [
+            post_over_http("127.0.0.1", port, TOKEN, {"id": n, "name": f"p{n}"})[0]
+            for n in range(1, 21)
+        ]
         held = sum(map(still_open, slow))
     finally:
         stop.set()
@@ -4125,47 +6398,82 @@ def test_nginx_keeps_serving_a_client_while_slow_ones_hold_500_connections(nginx
             sock.close()
     trickler.join(WAIT)
     assert statuses == [200] * 20
-    assert held == 508  # every create was answered while all the slow connections were still held
-    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{n}"} for n in range(1, 21)])
+    # every create was answered while all the slow connections were still held
+    assert held == 508
+    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (
+        200,
+        [{"name": f"p{n}"} for n in range(1, 21)],
+    )
 
 
 def test_nginx_closes_a_stalled_body_without_troubling_gunicorn(nginx_in_front):
-    """nginx reads the body before gunicorn sees it; a body that stalls never takes a gunicorn thread.
+    """nginx reads the body before gunicorn sees it; a body that stalls never takes a
+    gunicorn thread.
 
-    nginx never sends the 408 its log records: it closes the connection (nginx/nginx#489).
+    nginx never sends the 408 its log records: it closes the connection
+    (nginx/nginx#489).
     """
     stalled = []
     try:
         for _ in range(10):  # more than gunicorn's 8 threads
             stalled.append(from_address("127.0.0.2", nginx_in_front.port))
             stalled[-1].sendall(raw_request(b'{"id": 1, ', content_length=100))
-        assert post_over_http("127.0.0.1", nginx_in_front.port, TOKEN, {"id": 2, "name": "served"})[0] == 200
+        assert (
+            post_over_http(
+                "127.0.0.1", nginx_in_front.port, TOKEN, {"id": 2, "name": "served"}
+            )[0]
+            == 200
+        )
         for sock in stalled:  # after client_body_timeout (10 s): closed, with no answer
             assert read_raw(sock) == b""
     finally:
         for sock in stalled:
             sock.close()
-    assert over_http("127.0.0.1", nginx_in_front.port, TOKEN, "GET", "/plants") == (200, [{"name": "served"}])
+    assert over_http("127.0.0.1", nginx_in_front.port, TOKEN, "GET", "/plants") == (
+        200,
+        [{"name": "served"}],
+    )
     assert '"POST /plants" 408' in (nginx_in_front.folder / "access.log").read_text()
 
 
 def test_nginx_refuses_an_oversized_body_with_its_own_413_in_json(nginx_in_front):
-    status, headers, body = exchange("127.0.0.1", nginx_in_front.port, "POST", "/plants",
-                                     {"id": 1, "name": "x" * MAX_BODY_BYTES})
+    status, headers, body = exchange(
+        "127.0.0.1",
+        nginx_in_front.port,
+        "POST",
+        "/plants",
+        {"id": 1, "name": "x" * MAX_BODY_BYTES},
+    )
     assert status == 413 and headers["Content-Type"] == "application/json"
-    assert body == {"error": 413, "message": "request body is larger than 65536 bytes (the proxy)"}  # nginx's
+    # nginx's
+    assert body == {
+        "error": 413,
+        "message": "request body is larger than 65536 bytes (the proxy)",
+    }
     at_the_limit = _body_of_size(MAX_BODY_BYTES).decode()
-    status, _, body = exchange("127.0.0.1", nginx_in_front.port, "POST", "/plants", json.loads(at_the_limit))
-    assert status == 200  # the limits agree: what plantstore accepts, nginx lets through
+    status, _, body = exchange(
+        "127.0.0.1", nginx_in_front.port, "POST", "/plants", json.loads(at_the_limit)
+    )
+    # the limits agree: what plantstore accepts, nginx lets through
+    assert status == 200
 
 
-@pytest.mark.parametrize("request_bytes, status", [
-    (b"GARBAGE\r\n\r\n", 400),
-    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
-    (b"GET /plants HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
-], ids=["not-http", "long-request-line", "large-header"])
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (
+            b"GET /plants HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+            431,
+        ),
+    ],
+    ids=["not-http", "long-request-line", "large-header"],
+)
 def test_nginx_answers_broken_http_in_json(nginx_in_front, request_bytes, status):
-    with socket.create_connection(("127.0.0.1", nginx_in_front.port), timeout=WAIT) as sock:
+    with socket.create_connection(
+        ("127.0.0.1", nginx_in_front.port), timeout=WAIT
+    ) as sock:
         sock.sendall(request_bytes)
         head, _, body = read_raw(sock).partition(b"\r\n\r\n")
     assert int(head.split()[1]) == status and b"Content-Type: application/json" in head
@@ -4173,31 +6481,49 @@ def test_nginx_answers_broken_http_in_json(nginx_in_front, request_bytes, status
 
 
 def test_nginx_answers_502_in_json_when_gunicorn_is_gone(nginx_in_front, spawn):
-    os.killpg(next(p for p in spawn.processes if "gunicorn" in p.args).pid, signal.SIGKILL)
+    os.killpg(
+        next(p for p in spawn.processes if "gunicorn" in p.args).pid, signal.SIGKILL
+    )
     status, headers, body = exchange("127.0.0.1", nginx_in_front.port, "GET", "/plants")
-    assert (status, body["error"], headers["Content-Type"]) == (502, 502, "application/json")
+    assert (status, body["error"], headers["Content-Type"]) == (
+        502,
+        502,
+        "application/json",
+    )
 
 
 def test_nginx_keeps_query_strings_out_of_its_access_log(nginx_in_front):
     port = nginx_in_front.port
-    assert exchange("127.0.0.1", port, "GET", "/plants?limit=1&access_token=SECRET-IN-QUERY")[0] == 200
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:  # in a malformed request line too
-        sock.sendall(b"GET /plants?access_token=SECRET-IN-BAD-LINE HTTP/1.1 extra\r\n\r\n")
+    assert (
+        exchange(
+            "127.0.0.1", port, "GET", "/plants?limit=1&access_token=SECRET-IN-QUERY"
+        )[0]
+        == 200
+    )
+    # in a malformed request line too
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
+        sock.sendall(
+            b"GET /plants?access_token=SECRET-IN-BAD-LINE HTTP/1.1 extra\r\n\r\n"
+        )
         read_raw(sock)
     logged = (nginx_in_front.folder / "access.log").read_text()
     assert '"GET /plants" 200' in logged
     assert "SECRET" not in logged and TOKEN not in logged
 
 
-# ---- Separate hosts: network namespaces the test makes and removes (as root, as CI runs) ----
+# ---- Separate hosts: network namespaces the test makes and removes ----
+# As root, the way CI runs the tests.
+
 
 class Hosts:
-    """Machines on a private network: a network namespace per host, one veth pair per link.
+    """Machines on a private network: a network namespace per host, one veth pair per
+    link.
 
-    The test process is the host None (the root namespace). Every name carries this process's id, and
-    each link is a /30 of 10.213.<block>.0/24, a block no other interface here holds: packets go only
-    between the two ends of a link, never anywhere else. remove() ends every process on the hosts
-    and deletes the namespaces and links; a run killed before it did is swept by the next one.
+    The test process is the host None (the root namespace). Every name carries this
+    process's id, and each link is a /30 of 10.213.<block>.0/24, a block no other
+    interface here holds: packets go only between the two ends of a link, never anywhere
+    else. remove() ends every process on the hosts and deletes the namespaces and links;
+    a run killed before it did is swept by the next one.
     """
 
     prefix = "plantstore-"
@@ -4205,8 +6531,12 @@ class Hosts:
     def __init__(self):
         self.namespaces, self.devices, self.cleanups, self.links = [], [], [], 0
         self._sweep()
-        for block in range(256):  # held with a lock file until remove(): no concurrent run takes it
-            self._lock = open(Path(tempfile.gettempdir()) / f"plantstore-netns-10.213.{block}.lock", "w")
+        # held with a lock file until remove(): no concurrent run takes it
+        for block in range(256):
+            self._lock = open(
+                Path(tempfile.gettempdir()) / f"plantstore-netns-10.213.{block}.lock",
+                "w",
+            )
             try:
                 fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -4227,23 +6557,39 @@ class Hosts:
         return namespace
 
     def link(self, one, other):
-        """Join two hosts with a veth pair, a /30 of the block between them; return {host: (address, device)}."""
+        """Join two hosts with a veth pair, a /30 of the block between them; return
+        {host: (address, device)}."""
         n, self.links = self.links, self.links + 1
         assert n < 64, "a block holds 64 links"
-        ends = {one: (f"10.213.{self.block}.{4 * n + 1}", f"ps{os.getpid()}l{n}a"),
-                other: (f"10.213.{self.block}.{4 * n + 2}", f"ps{os.getpid()}l{n}b")}
+        ends = {
+            one: (f"10.213.{self.block}.{4 * n + 1}", f"ps{os.getpid()}l{n}a"),
+            other: (f"10.213.{self.block}.{4 * n + 2}", f"ps{os.getpid()}l{n}b"),
+        }
         (_, first), (_, second) = ends[one], ends[other]
-        ip("link", "add", first, *self._netns(one), "type", "veth", "peer", "name", second, *self._netns(other))
+        ip(
+            "link",
+            "add",
+            first,
+            *self._netns(one),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            second,
+            *self._netns(other),
+        )
         if one is None:
             self.devices.append(first)
         for host, (address, device) in ends.items():
-            ip(*self._n(host), "link", "set", device, "addrgenmode", "none")  # no IPv6 either
+            # no IPv6 either
+            ip(*self._n(host), "link", "set", device, "addrgenmode", "none")
             ip(*self._n(host), "address", "add", f"{address}/30", "dev", device)
             ip(*self._n(host), "link", "set", device, "up")
         return ends
 
     def set_link(self, host, device, state):
-        """Set a host's end of a link "down" (the host goes silent: no reset, no error, nothing) or "up"."""
+        """Set a host's end of a link "down" (the host goes silent: no reset, no error,
+        nothing) or "up"."""
         ip(*self._n(host), "link", "set", "dev", device, state)
 
     def inside(self, host):
@@ -4277,11 +6623,14 @@ class Hosts:
             for pid in map(int, pids):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            assert time.monotonic() < deadline, f"processes outlive SIGKILL in {namespace}: {pids}"
+            assert time.monotonic() < deadline, (
+                f"processes outlive SIGKILL in {namespace}: {pids}"
+            )
             time.sleep(0.05)
 
     def _sweep(self):
-        """Remove the namespaces of runs that were killed before they could (their process is gone)."""
+        """Remove the namespaces of runs that were killed before they could (their
+        process is gone)."""
         for line in ip("netns", "list").splitlines():
             namespace = line.split()[0] if line.strip() else ""
             if match := re.fullmatch(rf"{self.prefix}(\d+)-.*", namespace):
@@ -4292,12 +6641,15 @@ class Hosts:
 
 def ip(*args, check=True):
     """Run ip(8) and return what it printed."""
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=WAIT).stdout
+    return subprocess.run(
+        ["ip", *args], check=check, capture_output=True, text=True, timeout=WAIT
+    ).stdout
 
 
 @pytest.fixture
 def hosts():
-    """Hosts for this test, always removed with every process on them, even when the run is stopped with SIGTERM."""
+    """Hosts for this test, always removed with every process on them, even when the run
+    is stopped with SIGTERM."""
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     made = Hosts()
     try:
@@ -4308,77 +6660,128 @@ def hosts():
 
 
 class PostgresOnHost(Postgres):
-    """The suite's PostgreSQL on a host of `hosts`, listening on its addresses there; with `standby_of`
-    (a server and the address it is reached at from this host), that server's standby, cloned with
-    pg_basebackup -R, streaming from it."""
+    """The suite's PostgreSQL on a host of `hosts`, listening on its addresses there;
+    with `standby_of` (a server and the address it is reached at from this host), that
+    server's standby, cloned with pg_basebackup -R, streaming from it."""
 
     def __init__(self, hosts, host, addresses, *, standby_of=None):
-        self.inside, self.listen, self.addresses = hosts.inside(host), ",".join(addresses), addresses
-        hosts.cleanups.append(lambda: shutil.rmtree(self.folder, ignore_errors=True))  # its processes are gone
+        self.inside, self.listen, self.addresses = (
+            hosts.inside(host),
+            ",".join(addresses),
+            addresses,
+        )
+        # its processes are gone
+        hosts.cleanups.append(lambda: shutil.rmtree(self.folder, ignore_errors=True))
         if standby_of is None:
             super().__init__()
-            with (self.folder / "data" / "pg_hba.conf").open("a") as hba:  # from the test network, by password
-                hba.write("host all all 10.213.0.0/16 scram-sha-256\n"
-                          "host replication all 10.213.0.0/16 scram-sha-256\n")
+            # from the test network, by password
+            with (self.folder / "data" / "pg_hba.conf").open("a") as hba:
+                hba.write(
+                    "host all all 10.213.0.0/16 scram-sha-256\n"
+                    "host replication all 10.213.0.0/16 scram-sha-256\n"
+                )
             with self.local() as db:
                 db.execute("SELECT pg_reload_conf()")
         else:
             primary, address = standby_of
-            self.durable, self.password, self.port = False, primary.password, free_port()
+            self.durable, self.password, self.port = (
+                False,
+                primary.password,
+                free_port(),
+            )
             self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
             self.as_postgres = [*self.inside]
             if os.geteuid() == 0:
                 shutil.chown(self.folder, "postgres")
                 self.as_postgres += ["runuser", "-u", "postgres", "--"]
-            self._pg("pg_basebackup", "-h", address, "-p", primary.port, "-U", "plantstore", "-D", self.folder / "data",
-                     "-R", "-X", "stream", "-c", "fast", "--no-sync", env={**os.environ, "PGPASSWORD": self.password})
+            self._pg(
+                "pg_basebackup",
+                "-h",
+                address,
+                "-p",
+                primary.port,
+                "-U",
+                "plantstore",
+                "-D",
+                self.folder / "data",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+                env={**os.environ, "PGPASSWORD": self.password},
+            )
             self.start()
 
     def url_at(self, *servers, **query):
-        """The URL of this database at one or several servers (each: address, port), with query parameters."""
+        """The URL of this database at one or several servers (each: address, port),
+        with query parameters."""
         hosts = ",".join(f"{address}:{port}" for address, port in servers)
-        return f"postgresql://plantstore:{self.password}@{hosts}/plantstore" + (f"?{urlencode(query)}" if query else "")
+        return f"postgresql://plantstore:{self.password}@{hosts}/plantstore" + (
+            f"?{urlencode(query)}" if query else ""
+        )
 
     def make_synchronous(self):
-        """Commit only once a standby has the commit too (on this server, not in what was cloned from it)."""
+        """Commit only once a standby has the commit too (on this server, not in what
+        was cloned from it)."""
         with self.local() as db:
             db.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             db.execute("SELECT pg_reload_conf()")
             deadline = time.monotonic() + WAIT
-            while db.execute("SELECT sync_state FROM pg_stat_replication").fetchall() != [("sync",)]:
-                assert time.monotonic() < deadline, "the standby did not become synchronous"
+            while db.execute(
+                "SELECT sync_state FROM pg_stat_replication"
+            ).fetchall() != [("sync",)]:
+                assert time.monotonic() < deadline, (
+                    "the standby did not become synchronous"
+                )
                 time.sleep(0.05)
 
     def kill(self):
         """SIGKILL the postmaster and every backend at once, as when its host dies."""
         pid = int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
-        os.killpg(pid, signal.SIGKILL)  # pg_ctl made the postmaster a process group's leader
+        # pg_ctl made the postmaster a process group's leader
+        os.killpg(pid, signal.SIGKILL)
 
     def promote(self):
         self._pg("pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "promote")
 
     def ids(self):
         with self.local() as db:
-            return [plant_id for plant_id, in db.execute("SELECT id FROM plants")]
+            return [plant_id for (plant_id,) in db.execute("SELECT id FROM plants")]
 
 
 class Clients:
-    """Clients in threads, each sending requests one after another until stopped; every answer is kept.
+    """Clients in threads, each sending requests one after another until stopped; every
+    answer is kept.
 
-    A creating client sends each plant once, with an id of its own: a retry would muddle what each
-    answer says. A client told to also ask for `health` polls GET /health, and one told to `list`,
-    GET /plants?limit=1. Every answer: what was asked, the plant's id, when it was sent and answered
-    (time.monotonic()), its status (or the exception's name), headers and raw body, and whether the
-    body came whole.
+    A creating client sends each plant once, with an id of its own: a retry would muddle
+    what each answer says. A client told to also ask for `health` polls GET /health, and
+    one told to `list`, GET /plants?limit=1. Every answer: what was asked, the plant's
+    id, when it was sent and answered (time.monotonic()), its status (or the exception's
+    name), headers and raw body, and whether the body came whole.
     """
 
     def __init__(self, address, port, creating=4, health=False, listing=False):
-        self.address, self.port, self.answers, self._stop = address, int(port), [], threading.Event()
-        self._threads = [threading.Thread(target=self._create, args=(n,)) for n in range(creating)]
+        self.address, self.port, self.answers, self._stop = (
+            address,
+            int(port),
+            [],
+            threading.Event(),
+        )
+        self._threads = [
+            threading.Thread(target=self._create, args=(n,)) for n in range(creating)
+        ]
         if health:
-            self._threads.append(threading.Thread(target=self._poll, args=("health", "GET", "/health")))
+            self._threads.append(
+                threading.Thread(target=self._poll, args=("health", "GET", "/health"))
+            )
         if listing:
-            self._threads.append(threading.Thread(target=self._poll, args=("list", "GET", "/plants?limit=1")))
+            self._threads.append(
+                threading.Thread(
+                    target=self._poll, args=("list", "GET", "/plants?limit=1")
+                )
+            )
         for thread in self._threads:
             thread.start()
 
@@ -4394,7 +6797,13 @@ class Clients:
             if self._stop.is_set():
                 return
             plant_id = n * 1_000_000 + k
-            self._ask("create", plant_id, "POST", "/plants", json.dumps({"id": plant_id, "name": f"p{plant_id}"}))
+            self._ask(
+                "create",
+                plant_id,
+                "POST",
+                "/plants",
+                json.dumps({"id": plant_id, "name": f"p{plant_id}"}),
+            )
 
     def _poll(self, what, method, path):
         while not self._stop.wait(0.1):
@@ -4404,27 +6813,52 @@ class Clients:
         connection = http.client.HTTPConnection(self.address, self.port, timeout=WAIT)
         sent, status, headers, data, whole = time.monotonic(), None, {}, b"", False
         try:
-            connection.request(method, path, body, {"Content-Type": "application/json", **AUTH})
+            connection.request(
+                method, path, body, {"Content-Type": "application/json", **AUTH}
+            )
             response = connection.getresponse()
             status, headers = response.status, dict(response.getheaders())
             data, whole = response.read(), True
-        except (OSError, http.client.HTTPException) as error:  # a status and a body cut short: whole is False
+        except (OSError, http.client.HTTPException) as error:
+            # a status and a body cut short: whole is False
             status = status or type(error).__name__
         finally:
             connection.close()
-        self.answers.append(SimpleNamespace(what=what, plant_id=plant_id, sent=sent, answered=time.monotonic(),
-                                            status=status, headers=headers, body=data, whole=whole))
+        self.answers.append(
+            SimpleNamespace(
+                what=what,
+                plant_id=plant_id,
+                sent=sent,
+                answered=time.monotonic(),
+                status=status,
+                headers=headers,
+                body=data,
+                whole=whole,
+            )
+        )
         if status != 200:
-            time.sleep(0.05)  # a real client would wait Retry-After seconds; the test keeps it short
+            # a real client would wait Retry-After seconds; the test keeps it short
+            time.sleep(0.05)
 
     def first(self, what, status, sent_after):
-        """The first answer with this status to a request sent after `sent_after`, or None."""
-        return min((a for a in list(self.answers) if a.what == what and a.status == status and a.sent >= sent_after),
-                   key=lambda a: a.answered, default=None)
+        """The first answer with this status to a request sent after `sent_after`, or
+        None."""
+        return min(
+            (
+                a
+                for a in list(self.answers)
+                if a.what == what and a.status == status and a.sent >= sent_after
+            ),
+            key=lambda a: a.answered,
+            default=None,
+        )
 
     def wait_for(self, what, status, sent_after, seconds):
-        """Wait until first(...) is there or `seconds` have passed since `sent_after`; return it or None."""
-        while (found := self.first(what, status, sent_after)) is None and time.monotonic() < sent_after + seconds:
+        """Wait until first(...) is there or `seconds` have passed since `sent_after`;
+        return it or None."""
+        while (
+            found := self.first(what, status, sent_after)
+        ) is None and time.monotonic() < sent_after + seconds:
             time.sleep(0.05)
         return found
 
@@ -4432,27 +6866,51 @@ class Clients:
 def assert_503s_say_when_to_retry(answers):
     for answer in answers:
         if answer.status == 503:
-            assert int(answer.headers["Retry-After"]) > 0 and answer.headers["Content-Type"] == "application/json"
+            assert (
+                int(answer.headers["Retry-After"]) > 0
+                and answer.headers["Content-Type"] == "application/json"
+            )
             assert json.loads(answer.body)["error"] == 503
 
 
 def test_failover_to_a_promoted_standby_through_a_multi_host_url(hosts, spawn):
-    """A primary and its synchronous standby on two hosts; gunicorn on a third, with a multi-host URL. The primary
-    dies under load and the standby is promoted 2 s later: clients see 200 or 503 only, creates succeed again
-    within 10 s of the promotion, and every create answered 200 is on the new primary."""
+    """A primary and its synchronous standby on two hosts; gunicorn on a third, with a
+    multi-host URL. The primary dies under load and the standby is promoted 2 s later:
+    clients see 200 or 503 only, creates succeed again within 10 s of the promotion, and
+    every create answered 200 is on the new primary."""
     app, db1, db2 = hosts.host("app"), hosts.host("db1"), hosts.host("db2")
-    front, to_db1, to_db2, between = (hosts.link(None, app), hosts.link(app, db1), hosts.link(app, db2),
-                                      hosts.link(db1, db2))
+    front, to_db1, to_db2, between = (
+        hosts.link(None, app),
+        hosts.link(app, db1),
+        hosts.link(app, db2),
+        hosts.link(db1, db2),
+    )
     primary = PostgresOnHost(hosts, db1, [to_db1[db1][0], between[db1][0]])
-    standby = PostgresOnHost(hosts, db2, [to_db2[db2][0], between[db2][0]], standby_of=(primary, between[db1][0]))
+    standby = PostgresOnHost(
+        hosts,
+        db2,
+        [to_db2[db2][0], between[db2][0]],
+        standby_of=(primary, between[db1][0]),
+    )
     primary.make_synchronous()
-    url = primary.url_at((to_db1[db1][0], primary.port), (to_db2[db2][0], standby.port),
-                         target_session_attrs="read-write")
-    _, address, port, _ = start_gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
-                                         2, 4, inside=hosts.inside(app), address=front[app][0])
+    url = primary.url_at(
+        (to_db1[db1][0], primary.port),
+        (to_db2[db2][0], standby.port),
+        target_session_attrs="read-write",
+    )
+    _, address, port, _ = start_gunicorn(
+        spawn,
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        2,
+        4,
+        inside=hosts.inside(app),
+        address=front[app][0],
+    )
     clients = Clients(address, port)
     try:
-        assert clients.wait_for("create", 200, time.monotonic(), WAIT), "no create succeeded before the failover"
+        assert clients.wait_for("create", 200, time.monotonic(), WAIT), (
+            "no create succeeded before the failover"
+        )
         time.sleep(0.5)
         primary.kill()
         killed = time.monotonic()
@@ -4464,29 +6922,47 @@ def test_failover_to_a_promoted_standby_through_a_multi_host_url(hosts, spawn):
     finally:
         answers = clients.stop()
     creates = [a for a in answers if a.what == "create"]
-    print(f"failover: {len(creates)} creates: {count_statuses(creates)}; longest wait "
-          f"{max(a.answered - a.sent for a in creates):.2f} s; first 200 {after(again, promoted)} after the "
-          f"promotion ({promoted - killed:.1f} s after the kill)")
+    print(
+        f"failover: {len(creates)} creates: {count_statuses(creates)}; longest wait "
+        f"{max(a.answered - a.sent for a in creates):.2f} s; first 200 "
+        f"{after(again, promoted)} after the promotion ({promoted - killed:.1f} s "
+        f"after the kill)"
+    )
     assert {a.status for a in creates} == {200, 503} and all(a.whole for a in creates)
     assert_503s_say_when_to_retry(creates)
-    assert again and again.answered - promoted <= 10, "creates did not succeed again within 10 s of the promotion"
+    assert again and again.answered - promoted <= 10, (
+        "creates did not succeed again within 10 s of the promotion"
+    )
     acknowledged = {a.plant_id for a in creates if a.status == 200}
-    assert acknowledged <= set(standby.ids())  # nothing answered 200 was lost with the old primary
+    # nothing answered 200 was lost with the old primary
+    assert acknowledged <= set(standby.ids())
 
 
-def test_partition_of_the_database_host_is_503_within_bounds_then_recovers(hosts, spawn):
-    """The database host's link goes down for 30 s under load (it falls silent: no reset, no error). Every
-    request is answered within 10 s, 503 with Retry-After meanwhile; /health says 503 within 5 s of the cut and
-    200 within 10 s of the return; creates succeed again within 15 s of it; nothing answered 200 is lost."""
+def test_partition_of_the_database_host_is_503_within_bounds_then_recovers(
+    hosts, spawn
+):
+    """The database host's link goes down for 30 s under load (it falls silent: no
+    reset, no error). Every request is answered within 10 s, 503 with Retry-After
+    meanwhile; /health says 503 within 5 s of the cut and 200 within 10 s of the return;
+    creates succeed again within 15 s of it; nothing answered 200 is lost."""
     app, db = hosts.host("app"), hosts.host("db")
     front, data = hosts.link(None, app), hosts.link(app, db)
     server = PostgresOnHost(hosts, db, [data[db][0]])
     url = server.url_at((data[db][0], server.port))
-    _, address, port, _ = start_gunicorn(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
-                                         2, 4, inside=hosts.inside(app), address=front[app][0])
-    clients = Clients(address, port, creating=3, health=True)  # 4 at once: never more than a worker's threads
+    _, address, port, _ = start_gunicorn(
+        spawn,
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        2,
+        4,
+        inside=hosts.inside(app),
+        address=front[app][0],
+    )
+    # 4 at once: never more than a worker's threads
+    clients = Clients(address, port, creating=3, health=True)
     try:
-        assert clients.wait_for("create", 200, time.monotonic(), WAIT), "no create succeeded before the cut"
+        assert clients.wait_for("create", 200, time.monotonic(), WAIT), (
+            "no create succeeded before the cut"
+        )
         time.sleep(0.5)
         cut = time.monotonic()
         hosts.set_link(db, data[db][1], "down")
@@ -4500,30 +6976,56 @@ def test_partition_of_the_database_host_is_503_within_bounds_then_recovers(hosts
         time.sleep(0.5)
     finally:
         answers = clients.stop()
-    creates, polls = [a for a in answers if a.what == "create"], [a for a in answers if a.what == "health"]
-    longest, unhealthy = max(answers, key=lambda a: a.answered - a.sent), clients.first("health", 503, cut)
-    print(f"partition: {len(creates)} creates: {count_statuses(creates)}; {len(polls)} /health: "
-          f"{count_statuses(polls)}; longest wait {longest.answered - longest.sent:.2f} s; /health 503 "
-          f"{after(unhealthy, cut)} after the cut, 200 {after(healthy, back)} after the return; "
-          f"first create 200 {after(again, back)} after the return")
+    creates, polls = (
+        [a for a in answers if a.what == "create"],
+        [a for a in answers if a.what == "health"],
+    )
+    longest, unhealthy = (
+        max(answers, key=lambda a: a.answered - a.sent),
+        clients.first("health", 503, cut),
+    )
+    print(
+        f"partition: {len(creates)} creates: {count_statuses(creates)}; {len(polls)} "
+        f"/health: {count_statuses(polls)}; longest wait "
+        f"{longest.answered - longest.sent:.2f} s; /health 503 {after(unhealthy, cut)} "
+        f"after the cut, 200 {after(healthy, back)} after the return; first create 200 "
+        f"{after(again, back)} after the return"
+    )
     assert {a.status for a in answers} == {200, 503} and all(a.whole for a in answers)
-    assert longest.answered - longest.sent <= 10, f"a request waited {longest.answered - longest.sent:.1f} s"
+    assert longest.answered - longest.sent <= 10, (
+        f"a request waited {longest.answered - longest.sent:.1f} s"
+    )
     assert_503s_say_when_to_retry(answers)
-    assert again and again.answered - back <= 15, "creates did not succeed again within 15 s of the link's return"
-    assert {a.plant_id for a in creates if a.status == 200} <= set(server.ids())  # nothing answered 200 is lost
+    assert again and again.answered - back <= 15, (
+        "creates did not succeed again within 15 s of the link's return"
+    )
+    # nothing answered 200 is lost
+    assert {a.plant_id for a in creates if a.status == 200} <= set(server.ids())
     for answer in polls:
         if answer.status == 200:
             assert json.loads(answer.body) == {"status": "ok"}
         else:  # an Error body that names no address, port or password
-            assert not any(secret in answer.body.decode() for secret in (server.password, "10.213.", str(server.port)))
-    assert healthy and healthy.answered - back <= 10, "/health did not say 200 within 10 s of the link's return"
-    assert unhealthy and unhealthy.answered - cut <= 5, "/health did not say 503 within 5 s of the cut"
+            assert not any(
+                secret in answer.body.decode()
+                for secret in (server.password, "10.213.", str(server.port))
+            )
+    assert healthy and healthy.answered - back <= 10, (
+        "/health did not say 200 within 10 s of the link's return"
+    )
+    assert unhealthy and unhealthy.answered - cut <= 5, (
+        "/health did not say 503 within 5 s of the cut"
+    )
 
 
 def count_statuses(answers):
     """'200 x 644, 503 x 45': how many answers had each status."""
-    return ", ".join(f"{status} x {n}" for status, n in sorted(collections.Counter(a.status for a in answers).items(),
-                                                               key=lambda item: str(item[0])))
+    return ", ".join(
+        f"{status} x {n}"
+        for status, n in sorted(
+            collections.Counter(a.status for a in answers).items(),
+            key=lambda item: str(item[0]),
+        )
+    )
 
 
 def after(answer, moment):
@@ -4532,98 +7034,160 @@ def after(answer, moment):
 
 
 def unread(hosts, host, address):
-    """The bytes waiting to be read on each connection to `address` (host:port) on `host`: requests sent to it."""
+    """The bytes waiting to be read on each connection to `address` (host:port) on
+    `host`: requests sent to it."""
     port = address.rpartition(":")[2]
-    listed = subprocess.run([*hosts.inside(host), "ss", "-Htn", "state", "established", f"( sport = :{port} )"],
-                            check=True, capture_output=True, text=True, timeout=WAIT).stdout
+    listed = subprocess.run(
+        [
+            *hosts.inside(host),
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+            f"( sport = :{port} )",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    ).stdout
     return [int(line.split()[0]) for line in listed.splitlines()]
 
 
-def test_hosts_behind_nginx_one_dies_gets_keep_answering_and_no_post_is_sent_twice(hosts, spawn, tmp_path):
-    """Two app hosts on one PostgreSQL behind nginx with the shipped upstream recipe. One host hangs under load,
-    then dies: GETs keep answering 200, creates answer 200 or nginx's 502 in JSON, and no POST reaches two hosts."""
+def test_hosts_behind_nginx_one_dies_gets_keep_answering_and_no_post_is_sent_twice(
+    hosts, spawn, tmp_path
+):
+    """Two app hosts on one PostgreSQL behind nginx with the shipped upstream recipe.
+    One host hangs under load, then dies: GETs keep answering 200, creates answer 200 or
+    nginx's 502 in JSON, and no POST reaches two hosts."""
     app1, app2, db = hosts.host("app1"), hosts.host("app2"), hosts.host("db")
-    front1, front2, data1, data2 = (hosts.link(None, app1), hosts.link(None, app2), hosts.link(app1, db),
-                                    hosts.link(app2, db))
+    front1, front2, data1, data2 = (
+        hosts.link(None, app1),
+        hosts.link(None, app2),
+        hosts.link(app1, db),
+        hosts.link(app2, db),
+    )
     server = PostgresOnHost(hosts, db, [data1[db][0], data2[db][0]])
     upstreams, gunicorns = [], []
     for app, front, data in ((app1, front1, data1), (app2, front2, data2)):
-        env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=server.url_at((data[db][0], server.port)))
-        process, address, port, _ = start_gunicorn(spawn, env, 2, 4, inside=hosts.inside(app), address=front[app][0])
+        env = environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=server.url_at((data[db][0], server.port)),
+        )
+        process, address, port, _ = start_gunicorn(
+            spawn, env, 2, 4, inside=hosts.inside(app), address=front[app][0]
+        )
         upstreams.append(f"{address}:{port}")
         gunicorns.append(process)
-    # What nginx sent where, for each request: the hosts it tried and the bytes each one was sent. $request, as
-    # the client sent it: an error page makes $request_method GET and $uri the page's.
-    logged = (f"    log_format upstreams '\"$request\" $status \"$upstream_addr\" \"$upstream_bytes_sent\"';\n"
-              f"    access_log {tmp_path}/upstreams.log upstreams;\n")
+    # What nginx sent where, for each request: the hosts it tried and the bytes each one
+    # was sent. $request, as the client sent it: an error page makes $request_method GET
+    # and $uri the page's.
+    logged = (
+        '    log_format upstreams \'"$request" $status '
+        '"$upstream_addr" "$upstream_bytes_sent"\';\n'
+        f"    access_log {tmp_path}/upstreams.log upstreams;\n"
+    )
     port = start_nginx(spawn, tmp_path, upstreams, logged)
     clients = Clients("127.0.0.1", port, listing=True)
     try:
-        assert clients.wait_for("create", 200, time.monotonic(), WAIT), "no create succeeded through nginx"
+        assert clients.wait_for("create", 200, time.monotonic(), WAIT), (
+            "no create succeeded through nginx"
+        )
         time.sleep(0.5)
-        os.killpg(gunicorns[0].pid, signal.SIGSTOP)  # the host hangs: requests sent to it wait for an answer
+        # the host hangs: requests sent to it wait for an answer
+        os.killpg(gunicorns[0].pid, signal.SIGSTOP)
         deadline = time.monotonic() + WAIT
-        while not any(waiting > 220 for waiting in unread(hosts, app1, upstreams[0])):  # a GET is 206 bytes
+        # a GET is 206 bytes
+        while not any(waiting > 220 for waiting in unread(hosts, app1, upstreams[0])):
             assert time.monotonic() < deadline, "no POST reached the hung host"
             time.sleep(0.05)
-        os.killpg(gunicorns[0].pid, signal.SIGKILL)  # then it dies, with a POST it was sent and never answered
+        # then it dies, with a POST it was sent and never answered
+        os.killpg(gunicorns[0].pid, signal.SIGKILL)
         killed = time.monotonic()
         time.sleep(2)
     finally:
         answers = clients.stop()
-    creates, gets = [a for a in answers if a.what == "create"], [a for a in answers if a.what == "list"]
+    creates, gets = (
+        [a for a in answers if a.what == "create"],
+        [a for a in answers if a.what == "list"],
+    )
     cut_short = [a for a in answers if not a.whole]
-    print(f"hosts: {len(creates)} creates: {count_statuses(creates)}; {len(gets)} GETs: {count_statuses(gets)}; "
-          f"{len(cut_short)} answers cut short")
+    print(
+        f"hosts: {len(creates)} creates: {count_statuses(creates)}; {len(gets)} GETs: "
+        f"{count_statuses(gets)}; {len(cut_short)} answers cut short"
+    )
     deadline = time.monotonic() + WAIT
-    while len(posts := [line for line in (tmp_path / "upstreams.log").read_text().splitlines()
-                        if line.startswith('"POST ')]) < len(creates):
-        assert time.monotonic() < deadline, "nginx did not log every POST"  # it logs just after it answers
+    while len(
+        posts := [
+            line
+            for line in (tmp_path / "upstreams.log").read_text().splitlines()
+            if line.startswith('"POST ')
+        ]
+    ) < len(creates):
+        # it logs just after it answers
+        assert time.monotonic() < deadline, "nginx did not log every POST"
         time.sleep(0.05)
-    for line in posts:  # a POST may go on to the next host only if the first got none of it
+    # a POST may go on to the next host only if the first got none of it
+    for line in posts:
         sent_to = [int(n) for n in re.findall(r"\d+", line.split('"')[5])]
-        assert sum(n > 0 for n in sent_to) <= 1, f"a POST was sent to more than one host: {line}"
+        assert sum(n > 0 for n in sent_to) <= 1, (
+            f"a POST was sent to more than one host: {line}"
+        )
     assert gets and {a.status for a in gets} == {200}
-    assert {a.status for a in creates} == {200, 502}  # 502: a POST the dead host had taken
-    # A host that dies between the head of its answer and the body leaves that answer cut short: nginx had passed
-    # the head on. It said 200, so the plant is stored (asserted below); a client that retries gets 409.
+    # 502: a POST the dead host had taken
+    assert {a.status for a in creates} == {200, 502}
+    # A host that dies between the head of its answer and the body leaves that answer
+    # cut short: nginx had passed the head on. It said 200, so the plant is stored
+    # (asserted below); a client that retries gets 409.
     assert all(a.status == 200 for a in cut_short)
     for answer in creates:
         if answer.status == 502:
             assert answer.headers["Content-Type"] == "application/json"
-            assert json.loads(answer.body) == {"error": 502, "message": "the service is not answering"}
+            assert json.loads(answer.body) == {
+                "error": 502,
+                "message": "the service is not answering",
+            }
     acknowledged = [a.plant_id for a in creates if a.status == 200]
     assert set(acknowledged) <= set(server.ids())
     assert clients.first("create", 200, killed + 0.5)  # the other host took over
 
 
-# ---- granian, the other production server, with the shipped deploy/plantstore-granian.service ----
+# ---- granian, the other production server, with deploy/plantstore-granian.service ----
+
 
 def granian_recipe(store):
-    """granian's flags from deploy/plantstore-granian.service: its ExecStart (memory), or a commented one."""
+    """granian's flags from deploy/plantstore-granian.service: its ExecStart (memory),
+    or a commented one."""
     unit = (HERE / "deploy" / "plantstore-granian.service").read_text()
-    lines = {"memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
-             "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
-             "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$"}
+    lines = {
+        "memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
+        "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
+        "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$",
+    }
     match = re.search(lines[store], unit, re.MULTILINE)
-    assert match, f"deploy/plantstore-granian.service has no {store} ExecStart line: change the test with it"
+    assert match, (
+        f"deploy/plantstore-granian.service has no {store} ExecStart line: "
+        f"change the test with it"
+    )
     flags = match[1].split()
     assert flags[flags.index("--host") + 1] == "127.0.0.1" and "--port" in flags
     return flags
 
 
 def granian_command(store, port=None):
-    """The command line of the recipe for that store, on a free loopback port (or the one given)."""
+    """The command line of the recipe for that store, on a free loopback port (or the
+    one given)."""
     flags = granian_recipe(store)
     flags[flags.index("--port") + 1] = str(port or free_port())
     return [sys.executable, "-m", "granian", *flags, "plantstore:app"]
 
 
 def start_granian(spawn, env, store="memory"):
-    """granian with the recipe's flags on a free loopback port; return it once every worker has started.
+    """granian with the recipe's flags on a free loopback port; return it once every
+    worker has started.
 
-    The answer has the process, its port, its log (granian logs to stdout; Python's tracebacks go to
-    stderr) and its workers' process ids.
+    The answer has the process, its port, its log (granian logs to stdout; Python's
+    tracebacks go to stderr) and its workers' process ids.
     """
     command = granian_command(store)
     process = spawn(command, env)
@@ -4632,7 +7196,9 @@ def start_granian(spawn, env, store="memory"):
     workers = int(command[command.index("--workers") + 1])
     pids, started = {}, set()
     while len(started) < workers:  # each worker's runtime is up: it accepts connections
-        spawned, pid, ready = log.until(r"Spawning worker-(\d+) with PID: (\d+)|Started worker-(\d+) runtime").groups()
+        spawned, pid, ready = log.until(
+            r"Spawning worker-(\d+) with PID: (\d+)|Started worker-(\d+) runtime"
+        ).groups()
         if spawned:
             pids[int(spawned)] = int(pid)
         else:
@@ -4642,21 +7208,31 @@ def start_granian(spawn, env, store="memory"):
         with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
             break
-        assert process.poll() is None and time.monotonic() < deadline, f"granian is not listening: {log.seen}"
+        assert process.poll() is None and time.monotonic() < deadline, (
+            f"granian is not listening: {log.seen}"
+        )
         time.sleep(0.05)
-    return SimpleNamespace(process=process, port=port, log=log, pids=[pids[n] for n in sorted(pids)])
+    return SimpleNamespace(
+        process=process, port=port, log=log, pids=[pids[n] for n in sorted(pids)]
+    )
 
 
 @pytest.fixture
 def granian(spawn):
-    """start(store="memory", **settings): granian serving plantstore with the recipe for that store."""
+    """start(store="memory", **settings): granian serving plantstore with the recipe for
+    that store."""
+
     def start(store="memory", **settings):
-        return start_granian(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, **settings), store)
+        return start_granian(
+            spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, **settings), store
+        )
+
     return start
 
 
 def granian_exchange(port, request):
-    """Send raw bytes, asking the server to close after its answer; return (status, head, body bytes)."""
+    """Send raw bytes, asking the server to close after its answer; return (status,
+    head, body bytes)."""
     head, _, rest = request.partition(b"\r\n")
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
         sock.sendall(head + b"\r\nConnection: close\r\n" + rest)
@@ -4664,15 +7240,21 @@ def granian_exchange(port, request):
     return int(head.split()[1]), head.decode("latin-1").lower(), body
 
 
-CHUNKED_HEAD = (b"POST /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() +
-                b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+CHUNKED_HEAD = (
+    b"POST /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + TOKEN.encode()
+    + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
 
 
 def chunks(body, pieces):
-    """body in Transfer-Encoding: chunked framing, as `pieces` chunks and the last, empty one."""
+    """body in Transfer-Encoding: chunked framing, as `pieces` chunks and the last,
+    empty one."""
     size = -(-len(body) // pieces)
-    return [b"%x\r\n%s\r\n" % (len(body[n:n + size]), body[n:n + size]) for n in range(0, len(body), size)] + [
-        b"0\r\n\r\n"]
+    return [
+        b"%x\r\n%s\r\n" % (len(body[n : n + size]), body[n : n + size])
+        for n in range(0, len(body), size)
+    ] + [b"0\r\n\r\n"]
 
 
 def chunked_request(body, pieces=3):
@@ -4681,21 +7263,46 @@ def chunked_request(body, pieces=3):
 
 def test_granian_answers_head_without_a_body_and_204_without_a_length(granian):
     port = granian().port
-    assert post_over_http("127.0.0.1", port, TOKEN, {"id": 1, "name": "Fern"}) == (200, {"name": "Fern"})
+    assert post_over_http("127.0.0.1", port, TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
     auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
-    for target, status in [(b"/plants", 200), (b"/plants?limit=1", 200), (b"/openapi.json", 200), (b"/nowhere", 404)]:
-        answer = granian_exchange(port, b"HEAD " + target + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
-        assert answer[0] == status and "content-type: application/json" in answer[1] and answer[2] == b""
-    status, head, body = granian_exchange(port, b"DELETE /plants/1 HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
-    assert (status, body) == (204, b"") and "content-length" not in head and "content-type" not in head
+    for target, status in [
+        (b"/plants", 200),
+        (b"/plants?limit=1", 200),
+        (b"/openapi.json", 200),
+        (b"/nowhere", 404),
+    ]:
+        answer = granian_exchange(
+            port, b"HEAD " + target + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+        )
+        assert (
+            answer[0] == status
+            and "content-type: application/json" in answer[1]
+            and answer[2] == b""
+        )
+    status, head, body = granian_exchange(
+        port, b"DELETE /plants/1 HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+    )
+    assert (
+        (status, body) == (204, b"")
+        and "content-length" not in head
+        and "content-type" not in head
+    )
     assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [])
 
 
 def test_granian_reads_a_chunked_body(granian):
     port = granian().port
-    status, _, body = granian_exchange(port, chunked_request(b'{"id": 1, "name": "Fern", "tag": "indoor"}'))
+    status, _, body = granian_exchange(
+        port, chunked_request(b'{"id": 1, "name": "Fern", "tag": "indoor"}')
+    )
     assert (status, json.loads(body)) == (200, {"name": "Fern", "tag": "indoor"})
-    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [{"name": "Fern", "tag": "indoor"}])
+    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (
+        200,
+        [{"name": "Fern", "tag": "indoor"}],
+    )
 
 
 def test_granian_streams_the_whole_listing(granian, tmp_path):
@@ -4704,9 +7311,16 @@ def test_granian_streams_the_whole_listing(granian, tmp_path):
     for plant_id in range(count):
         store.add(plant_id, f"p{plant_id}", None)
     port = granian(PLANTSTORE_DB=str(tmp_path / "plants.sqlite3")).port
-    status, head, body = granian_exchange(port, f"GET /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
-                                                f"\r\n\r\n".encode())
-    assert status == 200 and "transfer-encoding: chunked" in head and "content-length" not in head
+    status, head, body = granian_exchange(
+        port,
+        f"GET /plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+        f"\r\n\r\n".encode(),
+    )
+    assert (
+        status == 200
+        and "transfer-encoding: chunked" in head
+        and "content-length" not in head
+    )
     body, pieces = dechunk(body)
     assert json.loads(body) == [{"name": f"p{plant_id}"} for plant_id in range(count)]
     assert pieces > 1  # sent as it was made, not gathered first
@@ -4720,24 +7334,34 @@ def dechunk(data):
         size = int(size, 16)
         if not size:
             return body, chunks
-        body, data, chunks = body + data[:size], data[size + 2:], chunks + 1
+        body, data, chunks = body + data[:size], data[size + 2 :], chunks + 1
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_granian_answers_an_oversized_body_413(granian, framing):
     port = granian().port
     body = _body_of_size(MAX_BODY_BYTES + 1)
-    status, _, answer = granian_exchange(port, raw_request(body) if framing == "content-length" else chunked_request(body))
-    assert (status, json.loads(answer)) == (413, {"error": 413, "message": f"request body is larger than "
-                                                                           f"{MAX_BODY_BYTES} bytes"})
+    status, _, answer = granian_exchange(
+        port,
+        raw_request(body) if framing == "content-length" else chunked_request(body),
+    )
+    assert (status, json.loads(answer)) == (
+        413,
+        {
+            "error": 413,
+            "message": f"request body is larger than {MAX_BODY_BYTES} bytes",
+        },
+    )
     assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [])
 
 
 def test_granian_needs_no_write_callable_nor_a_read_without_size(granian):
-    """granian's start_response returns no write(), and its input wants read(size): plantstore uses neither.
+    """granian's start_response returns no write(), and its input wants read(size):
+    plantstore uses neither.
 
-    Every answer is the iterable the application returns; every body is read with a size. So a body of
-    exactly the limit, and a chunked body arriving a chunk at a time, are each read whole.
+    Every answer is the iterable the application returns; every body is read with a
+    size. So a body of exactly the limit, and a chunked body arriving a chunk at a time,
+    are each read whole.
     """
     port = granian().port
     document = json.dumps({"id": 1, "name": "x" * 60_000}).encode()
@@ -4745,21 +7369,34 @@ def test_granian_needs_no_write_callable_nor_a_read_without_size(granian):
     status, _, answer = granian_exchange(port, raw_request(at_the_limit))
     assert (status, json.loads(answer)) == (200, {"name": "x" * 60_000})
     with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as sock:
-        sock.sendall(CHUNKED_HEAD.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
-        for chunk in chunks(json.dumps({"id": 2, "name": "n" * 5000, "tag": "slow"}).encode(), 20):
-            time.sleep(0.02)  # the application is reading meanwhile: each read waits for what is still to come
+        sock.sendall(
+            CHUNKED_HEAD.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+        )
+        for chunk in chunks(
+            json.dumps({"id": 2, "name": "n" * 5000, "tag": "slow"}).encode(), 20
+        ):
+            # the application is reading meanwhile: each read waits for what is still to
+            # come
+            time.sleep(0.02)
             sock.sendall(chunk)
         assert read_status(sock) == (200, {"name": "n" * 5000, "tag": "slow"})
     assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (
-        200, [{"name": "x" * 60_000}, {"name": "n" * 5000, "tag": "slow"}])
+        200,
+        [{"name": "x" * 60_000}, {"name": "n" * 5000, "tag": "slow"}],
+    )
 
 
 def test_granian_on_sigterm_answers_the_request_in_flight_then_exits_0(granian):
     server = granian()
-    with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as in_flight:
-        in_flight.sendall(CHUNKED_HEAD.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+    with socket.create_connection(
+        ("127.0.0.1", server.port), timeout=WAIT
+    ) as in_flight:
+        in_flight.sendall(
+            CHUNKED_HEAD.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+        )
         first, *rest = chunks(b'{"id": 1, "name": "Fern"}', 2)
-        in_flight.sendall(first)  # the application is reading the body: the rest comes after the signal
+        # the application is reading the body: the rest comes after the signal
+        in_flight.sendall(first)
         time.sleep(0.3)
         server.process.send_signal(signal.SIGTERM)
         server.log.until("Shutting down granian")
@@ -4782,12 +7419,17 @@ def test_granian_without_tokens_says_so_in_one_line(spawn):
 
 
 def worker_holding(server, sock):
-    """The process id of the granian worker that holds the other end of this client's connection."""
-    wanted = f"0100007F:{server.port:04X} 0100007F:{sock.getsockname()[1]:04X}"  # local, remote: as the server sees it
+    """The process id of the granian worker that holds the other end of this client's
+    connection."""
+    # local, remote: as the server sees it
+    wanted = f"0100007F:{server.port:04X} 0100007F:{sock.getsockname()[1]:04X}"
     deadline = time.monotonic() + WAIT
     while True:  # a connection still waiting to be accepted has no process, and inode 0
-        inode = next(line.split()[9] for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
-                     if " ".join(line.split()[1:3]) == wanted)
+        inode = next(
+            line.split()[9]
+            for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+            if " ".join(line.split()[1:3]) == wanted
+        )
         for pid in server.pids:
             for fd in Path(f"/proc/{pid}/fd").iterdir():
                 with contextlib.suppress(OSError):  # closed meanwhile
@@ -4798,8 +7440,9 @@ def worker_holding(server, sock):
 
 
 def freeze(pid):
-    """SIGSTOP the process at a moment it holds no write lock (SQLite's, or plantstore's writers' lock file),
-    so that the processes still running are never left waiting for one it would hold while stopped."""
+    """SIGSTOP the process at a moment it holds no write lock (SQLite's, or plantstore's
+    writers' lock file), so that the processes still running are never left waiting for
+    one it would hold while stopped."""
     for _ in range(1000):
         os.kill(pid, signal.SIGSTOP)
         held = [line.split() for line in Path("/proc/locks").read_text().splitlines()]
@@ -4811,16 +7454,23 @@ def freeze(pid):
 
 
 def test_granian_runs_the_webhook_sender_in_each_worker(granian, receiver, tmp_path):
-    """Two workers on SQLite: with either one frozen, the other's own sender delivers what it created."""
+    """Two workers on SQLite: with either one frozen, the other's own sender delivers
+    what it created."""
     hook = receiver()
-    server = granian("sqlite", PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"), PLANTSTORE_WEBHOOK_URL=hook.url,
-                     PLANTSTORE_WEBHOOK_SECRET=SECRET)
+    server = granian(
+        "sqlite",
+        PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"),
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
     assert len(server.pids) == 2
     connections, opened = {}, []
     try:
         while len(connections) < 2:  # a kept-alive connection to each worker
             assert len(opened) < 200, "every connection went to one worker"
-            opened.append(http.client.HTTPConnection("127.0.0.1", server.port, timeout=WAIT))
+            opened.append(
+                http.client.HTTPConnection("127.0.0.1", server.port, timeout=WAIT)
+            )
             opened[-1].connect()
             connections.setdefault(worker_holding(server, opened[-1].sock), opened[-1])
         plant_id = 0
@@ -4829,13 +7479,22 @@ def test_granian_runs_the_webhook_sender_in_each_worker(granian, receiver, tmp_p
             try:
                 for _ in range(5):
                     plant_id += 1
-                    connections[serving].request("POST", "/plants", json.dumps({"id": plant_id, "name": "p"}),
-                                                 {"Content-Type": "application/json", **AUTH})
+                    connections[serving].request(
+                        "POST",
+                        "/plants",
+                        json.dumps({"id": plant_id, "name": "p"}),
+                        {"Content-Type": "application/json", **AUTH},
+                    )
                     response = connections[serving].getresponse()
                     assert (response.status, response.read()) == (200, b'{"name": "p"}')
-                deadline = time.monotonic() + WAIT  # delivered while the other worker can do nothing
-                while {plant["id"] for plant in hook.delivered()} != set(range(1, plant_id + 1)):
-                    assert time.monotonic() < deadline, f"{hook.delivered()} of {plant_id} came"
+                # delivered while the other worker can do nothing
+                deadline = time.monotonic() + WAIT
+                while {plant["id"] for plant in hook.delivered()} != set(
+                    range(1, plant_id + 1)
+                ):
+                    assert time.monotonic() < deadline, (
+                        f"{hook.delivered()} of {plant_id} came"
+                    )
                     time.sleep(0.05)
             finally:
                 os.kill(frozen, signal.SIGCONT)
@@ -4847,12 +7506,16 @@ def test_granian_runs_the_webhook_sender_in_each_worker(granian, receiver, tmp_p
 
 @pytest.fixture
 def many_files():
-    """Room for a thousand sockets or more, here and in the servers started meanwhile (they inherit it)."""
+    """Room for a thousand sockets or more, here and in the servers started meanwhile
+    (they inherit it)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
-    assert wanted >= 1100, f"the hard limit on open files ({hard}) leaves no room for this test's connections"
+    assert wanted >= 1100, (
+        f"the hard limit on open files ({hard}) leaves no room for "
+        f"this test's connections"
+    )
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted), hard))
     yield
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -4860,8 +7523,9 @@ def many_files():
 
 @pytest.mark.usefixtures("many_files")
 def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(granian):
-    """8 connections that sent one byte and went silent, 500 that trickle their headers a byte a second:
-    a normal client's creates are each answered within 1 s (the issue's bar) meanwhile."""
+    """8 connections that sent one byte and went silent, 500 that trickle their headers
+    a byte a second: a normal client's creates are each answered within 1 s (the issue's
+    bar) meanwhile."""
     port, slow, stop = granian().port, [], threading.Event()
     request = raw_request({"id": 0, "name": "never"})
     try:
@@ -4870,19 +7534,22 @@ def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(gra
             slow[-1].sendall(request[:1])
 
         def trickle():
-            for offset in range(1, 9):  # bounded: a byte a second, 8 s at most, below any header timeout
+            # bounded: a byte a second, 8 s at most, below any header timeout
+            for offset in range(1, 9):
                 if stop.wait(1):
                     return
                 for sock in slow[8:]:
                     with contextlib.suppress(OSError):
-                        sock.sendall(request[offset:offset + 1])
+                        sock.sendall(request[offset : offset + 1])
 
         trickler = threading.Thread(target=trickle)
         trickler.start()
         answers = []
         for plant_id in range(1, 21):
             begin = time.monotonic()
-            status, body = post_over_http("127.0.0.1", port, TOKEN, {"id": plant_id, "name": f"p{plant_id}"})
+            status, body = post_over_http(
+                "127.0.0.1", port, TOKEN, {"id": plant_id, "name": f"p{plant_id}"}
+            )
             answers.append((status, body, time.monotonic() - begin < 1))
             time.sleep(0.1)  # spread over the trickle's first seconds
         held = sum(map(still_open, slow))
@@ -4892,36 +7559,64 @@ def test_granian_keeps_serving_a_client_while_slow_ones_hold_508_connections(gra
             sock.close()
     trickler.join(WAIT)
     assert answers == [(200, {"name": f"p{n}"}, True) for n in range(1, 21)]
-    assert held == 508  # every create was answered while all the slow connections were still held
-    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (200, [{"name": f"p{n}"} for n in range(1, 21)])
-
+    # every create was answered while all the slow connections were still held
+    assert held == 508
+    assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants") == (
+        200,
+        [{"name": f"p{n}"} for n in range(1, 21)],
+    )
 
 
 @pytest.fixture
 def nginx_before_granian(spawn, tmp_path):
-    """granian with its in-memory recipe, and nginx before it with the shipped deploy/nginx.conf."""
-    granian_port = start_granian(spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)).port
-    return SimpleNamespace(port=start_nginx(spawn, tmp_path, [f"127.0.0.1:{granian_port}"]))
+    """granian with its in-memory recipe, and nginx before it with the shipped
+    deploy/nginx.conf."""
+    granian_port = start_granian(
+        spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)
+    ).port
+    return SimpleNamespace(
+        port=start_nginx(spawn, tmp_path, [f"127.0.0.1:{granian_port}"])
+    )
 
 
 def test_granian_behind_nginx_is_not_held_up_by_stalled_bodies(nginx_before_granian):
-    """Alone, granian gives a request to a Python thread once its headers are in, and the thread waits for the
-    body, with no timeout: as many stalled bodies as the recipe's blocking threads stop every create. nginx
-    reads each body whole first, so through it, more stalled bodies than threads hold up no one."""
-    threads = int(granian_recipe("memory")[granian_recipe("memory").index("--blocking-threads") + 1])
+    """Alone, granian gives a request to a Python thread once its headers are in, and
+    the thread waits for the body, with no timeout: as many stalled bodies as the
+    recipe's blocking threads stop every create. nginx reads each body whole first, so
+    through it, more stalled bodies than threads hold up no one."""
+    threads = int(
+        granian_recipe("memory")[
+            granian_recipe("memory").index("--blocking-threads") + 1
+        ]
+    )
     stalled = []
     try:
         for _ in range(threads + 2):
-            stalled.append(socket.create_connection(("127.0.0.1", nginx_before_granian.port), timeout=WAIT))
+            stalled.append(
+                socket.create_connection(
+                    ("127.0.0.1", nginx_before_granian.port), timeout=WAIT
+                )
+            )
             stalled[-1].sendall(raw_request(b'{"id": 1, ', content_length=100))
         time.sleep(0.5)  # every stalled request is in, as far as it will go
         for plant_id in range(2, 7):
-            assert post_over_http("127.0.0.1", nginx_before_granian.port, TOKEN, {"id": plant_id, "name": "served"})[0] == 200
-        assert sum(map(still_open, stalled)) == threads + 2  # answered while every stalled body was held
+            assert (
+                post_over_http(
+                    "127.0.0.1",
+                    nginx_before_granian.port,
+                    TOKEN,
+                    {"id": plant_id, "name": "served"},
+                )[0]
+                == 200
+            )
+        # answered while every stalled body was held
+        assert sum(map(still_open, stalled)) == threads + 2
     finally:
         for sock in stalled:
             sock.close()
-    assert over_http("127.0.0.1", nginx_before_granian.port, TOKEN, "GET", "/plants") == (200, [{"name": "served"}] * 5)
+    assert over_http(
+        "127.0.0.1", nginx_before_granian.port, TOKEN, "GET", "/plants"
+    ) == (200, [{"name": "served"}] * 5)
 
 
 # ---- The docs say what the code does: a fact written in both is checked here ----
@@ -4947,8 +7642,10 @@ def doc_matches(name, pattern):
     """Each (name:line, match) of pattern in the file; a space in it matches any
     whitespace, a line break included."""
     text = doc_text(name)
-    return [(f"{name}:{text.count(chr(10), 0, found.start()) + 1}", found)
-            for found in re.finditer(pattern.replace(" ", r"\s+"), text)]
+    return [
+        (f"{name}:{text.count(chr(10), 0, found.start()) + 1}", found)
+        for found in re.finditer(pattern.replace(" ", r"\s+"), text)
+    ]
 
 
 def doc_find(name, pattern):
@@ -4965,7 +7662,7 @@ def doc_table(name, above):
     start = [n for n, line in enumerate(lines) if above in line]
     assert start, f"{name} has no line {above!r} any more: update this test"
     rows = []
-    for number, line in enumerate(lines[start[0]:], start[0] + 1):
+    for number, line in enumerate(lines[start[0] :], start[0] + 1):
         if line.startswith("|"):
             cells = [cell.strip() for cell in line[1:-1].split("|")]
             rows.append((f"{name}:{number}", cells))
@@ -5019,9 +7716,11 @@ def test_http_md_route_table_gives_each_route_its_operations_and_allow():
         allowed = served.get(route)
         assert allow.strip("`") == allowed, f"{where}: Allow is {allowed}"
         said = dict(re.findall(r"`([A-Z]+)` \((\w+)\)", operations))
-        ids = {method.upper(): operation["operationId"]
-               for method, operation in document["paths"].get(route, {}).items()
-               if method != "parameters"}
+        ids = {
+            method.upper(): operation["operationId"]
+            for method, operation in document["paths"].get(route, {}).items()
+            if method != "parameters"
+        }
         assert said == ids, f"{where}: {route}'s operations are {ids}"
     listed = {cells[0].strip("`") for _, cells in rows}
     assert listed == set(served), f"docs/http.md's routes: the app has {sorted(served)}"
@@ -5029,10 +7728,12 @@ def test_http_md_route_table_gives_each_route_its_operations_and_allow():
 
 def test_http_md_head_on_the_route_without_get_is_405_as_it_says():
     where, said = doc_find(
-        "docs/http.md", r"405 with `Allow: ([^`]+)` on `([^`]+)`, which has no `GET`")
+        "docs/http.md", r"405 with `Allow: ([^`]+)` on `([^`]+)`, which has no `GET`"
+    )
     allow, route = said.groups()
     answer = webtest.TestApp(make_app([TOKEN])).head(
-        route.replace("{id}", "1"), headers=AUTH, expect_errors=True)
+        route.replace("{id}", "1"), headers=AUTH, expect_errors=True
+    )
     got = answer.status_int, answer.headers.get("Allow")
     assert got == (405, allow), f"{where}: HEAD {route} is {got}"
 
@@ -5062,7 +7763,11 @@ def test_decisions_md_404_and_405_rows_name_the_routes_and_their_methods():
 def test_readme_settings_table_lists_what_help_lists():
     shown = subprocess.run(
         [sys.executable, str(HERE / "plantstore.py"), "--help"],
-        capture_output=True, text=True, timeout=WAIT, check=True).stdout
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=True,
+    ).stdout
     variables = set(re.findall(r"^  (PLANTSTORE_\w+)", shown, re.M))
     options = dict(re.findall(r"^  (--[\w-]+) [A-Z]+ +(.*)", shown, re.M))  # --port P
     rows = doc_table("README.md", "| where | name | meaning | default |")
@@ -5106,8 +7811,11 @@ def test_generated_clients_md_names_each_operation_as_the_document_does():
 
 def test_readme_and_the_example_name_functions_a_generated_client_has():
     document = served_document()
-    functions = {python_function(operation) for _, path, operation
-                 in operations(document) if path in document["paths"]}  # no webhook
+    functions = {
+        python_function(operation)
+        for _, path, operation in operations(document)
+        if path in document["paths"]
+    }  # no webhook
     where, said = doc_find("README.md", r"named after the operationIds \(([^)]*)\)")
     for name in re.findall(r"`(\w+)`", said[1]):
         assert any(f.endswith(f".{name}") for f in functions), f"{where}: no {name}()"
@@ -5139,10 +7847,16 @@ def test_numbers_the_docs_tie_to_a_constant_are_its_value():
     (`WebhookSender.PER_URL`): the docs name the constant, and this reads it."""
     constant = r"((?:\w+\.)?[A-Z][A-Z0-9_]+)"  # PAGE_MAX, or WebhookSender.PER_URL
     for name in every_doc():
-        tied = [(where, said[1], said[2]) for where, said in
-                doc_matches(name, rf"`{constant}` \((\d[\d,]*) s\)")]
-        tied += [(where, said[2], said[1]) for where, said in
-                 doc_matches(name, rf"(\d[\d,]*)[^\d`(]{{0,40}}\(`{constant}`\)")]
+        tied = [
+            (where, said[1], said[2])
+            for where, said in doc_matches(name, rf"`{constant}` \((\d[\d,]*) s\)")
+        ]
+        tied += [
+            (where, said[2], said[1])
+            for where, said in doc_matches(
+                name, rf"(\d[\d,]*)[^\d`(]{{0,40}}\(`{constant}`\)"
+            )
+        ]
         for where, named, number in tied:
             value = functools.reduce(getattr, named.split("."), plantstore)
             said = int(number.replace(",", ""))
@@ -5152,15 +7866,19 @@ def test_numbers_the_docs_tie_to_a_constant_are_its_value():
 def test_webhooks_md_retry_schedule_is_the_sender_s():
     where, said = doc_find("docs/webhooks.md", r"with up to \d+% jitter: ([^;]+);")
     seconds = {"s": 1, "min": 60, "h": 3600}
-    schedule = tuple(int(number) * seconds[unit] for number, unit in
-                     re.findall(r"(\d+) (s|min|h)\b", said[1]))
+    schedule = tuple(
+        int(number) * seconds[unit]
+        for number, unit in re.findall(r"(\d+) (s|min|h)\b", said[1])
+    )
     sent = plantstore.WebhookSender.SCHEDULE
     assert schedule == sent, f"{where}: the sender waits {sent} seconds"
 
 
 def test_decisions_md_limits_are_the_served_ones():
-    limits = {cells[0]: (where, cells[1]) for where, cells in
-              doc_table("docs/decisions.md", "| limit | value |")}
+    limits = {
+        cells[0]: (where, cells[1])
+        for where, cells in doc_table("docs/decisions.md", "| limit | value |")
+    }
     body = inspect.signature(make_app).parameters["max_body_bytes"].default
     where, said = limits["request body"]
     assert f"{body:,} bytes by default" in said, f"{where}: the default is {body:,}"
@@ -5191,8 +7909,11 @@ def test_retry_after_in_the_docs_is_what_a_503_sends(tmp_path):
 def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
     origin = "https://playground.example"
     asked = webtest.TestApp(make_app([TOKEN], cors_origins=[origin]))
-    preflight = asked.options("/plants", status=204, headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST"})
+    preflight = asked.options(
+        "/plants",
+        status=204,
+        headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+    )
     answer = asked.get("/plants", headers={**AUTH, "Origin": origin}, status=200)
     sent = {**answer.headers, **preflight.headers}
     for name in every_doc():
@@ -5202,13 +7923,18 @@ def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
             assert got == value, f"{where}: {header} is {got}"
 
 
-# ---- The benchmark still runs (a smoke run with tiny counts; speed is not asserted here) ----
+# ---- The benchmark still runs (a smoke run, tiny counts; speed is not asserted) ----
+
 
 def test_benchmark_smoke_run(capsys):
-    spec = importlib.util.spec_from_file_location("bench_plantstore", HERE / "benchmarks" / "bench_plantstore.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_plantstore", HERE / "benchmarks" / "bench_plantstore.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     assert bench.main(["--quick"]) == 0
     table = capsys.readouterr().out
-    assert re.search(r"plantstore\s+[\d.]+\s+[\d.]+x", table) and re.search(r"ceiling\s+[\d.]+\s+1\.00x", table)
+    assert re.search(r"plantstore\s+[\d.]+\s+[\d.]+x", table) and re.search(
+        r"ceiling\s+[\d.]+\s+1\.00x", table
+    )
     assert re.search(r"Memory: \d+ bytes per stored plant at 2,000 plants", table)

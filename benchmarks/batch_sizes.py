@@ -1,14 +1,16 @@
-"""plantstore:app, with the size of every batch its SQL store writes counted (bench_plantstore.py).
+"""plantstore:app, with the size of every batch its SQL store writes counted
+(bench_plantstore.py).
 
     BENCH_BATCHES=DIR PYTHONPATH=benchmarks granian ... batch_sizes:app    (or gunicorn)
 
-With group commit, each serving process has one writer thread that writes every create waiting
-at that moment in one transaction: one call of SQLStore._write_batch(batch), one commit. This
-module wraps that method of SQLiteStore and PostgresStore to count len(batch) per call, and each
-process writes its counts, {size: batches}, to DIR/<pid>.json every half second. The app is
-plantstore's own object, so a request costs what it costs under plantstore:app; the counting
-costs one call and a dict update per batch. A plantstore without _write_batch (before group
-commit) is served as it is, and nothing is counted.
+With group commit, each serving process has one writer thread that writes every create
+waiting at that moment in one transaction: one call of SQLStore._write_batch(batch), one
+commit. This module wraps that method of SQLiteStore and PostgresStore to count
+len(batch) per call, and each process writes its counts, {size: batches}, to
+DIR/<pid>.json every half second. The app is plantstore's own object, so a request costs
+what it costs under plantstore:app; the counting costs one call and a dict update per
+batch. A plantstore without _write_batch (before group commit) is served as it is, and
+nothing is counted.
 """
 
 import json
@@ -32,7 +34,8 @@ def dump_every(seconds):
             text = json.dumps(sizes)
         with open(f"{path}.new", "w") as file:
             file.write(text)
-        os.replace(f"{path}.new", path)  # a reader sees a whole count, never a half-written one
+        # a reader sees a whole count, never a half-written one
+        os.replace(f"{path}.new", path)
 
 
 def counting(write_batch):
@@ -40,16 +43,23 @@ def counting(write_batch):
         global writer
         with lock:
             sizes[len(batch)] += 1
-            if writer is None or writer[0] != os.getpid():  # the first batch here (servers fork)
-                writer = os.getpid(), threading.Thread(target=dump_every, args=[DUMP_SECONDS],
-                                                       daemon=True)
+            # the first batch here (servers fork)
+            if writer is None or writer[0] != os.getpid():
+                writer = (
+                    os.getpid(),
+                    threading.Thread(
+                        target=dump_every, args=[DUMP_SECONDS], daemon=True
+                    ),
+                )
                 writer[1].start()
         return write_batch(self, batch)
+
     return _write_batch
 
 
 for store in plantstore.SQLiteStore, plantstore.PostgresStore:
-    if hasattr(store, "_write_batch"):  # on each class: a call of super()'s is not counted twice
+    # on each class: a call of super()'s is not counted twice
+    if hasattr(store, "_write_batch"):
         store._write_batch = counting(store._write_batch)
 
 app = plantstore.app

@@ -1,14 +1,14 @@
-"""Benchmark plantstore side by side: in process, over HTTP, and memory per stored plant.
+"""Benchmark plantstore side by side: in process, over HTTP, memory per stored plant.
 
-    python benchmarks/bench_plantstore.py            # the full run (a few minutes)
-    python benchmarks/bench_plantstore.py --quick    # tiny counts, in process only: a smoke run
+    python benchmarks/bench_plantstore.py          # the full run (a few minutes)
+    python benchmarks/bench_plantstore.py --quick  # tiny counts, in process only
 
-Needs `pip install -e '.[bench]'` (Falcon, gunicorn, granian) and, for the HTTP rows, `wrk`
-(Debian: `apt-get install wrk`); section 5 also runs `pgbench` (Debian: postgresql), and git.
-Contenders run in interleaved rounds, so that noise from the machine hits all of them alike (in
-process, they take turns every 100 requests). Each figure is the median round, and each ratio
-the median of the ratios within a round: a slow minute of the machine slows both sides of a
-ratio, so it does not move it.
+Needs `pip install -e '.[bench]'` (Falcon, gunicorn, granian) and, for the HTTP rows,
+`wrk` (Debian: `apt-get install wrk`); section 5 also runs `pgbench` (Debian:
+postgresql), and git. Contenders run in interleaved rounds, so that noise from the
+machine hits all of them alike (in process, they take turns every 100 requests). Each
+figure is the median round, and each ratio the median of the ratios within a round: a
+slow minute of the machine slows both sides of a ratio, so it does not move it.
 
 1. In process: microseconds per valid POST /plants through the WSGI callable, for
    plantstore, a raw WSGI "ceiling" app that only reads the body and answers a
@@ -23,19 +23,20 @@ ratio, so it does not move it.
 3. Memory: bytes per stored plant at 1,000,000 plants with short names and tags.
 4. The SQLite store against the in-memory one: creates per second in process, and
    over HTTP under gunicorn -w 4 --threads 4 with PLANTSTORE_DB.
-5. Durable creates over HTTP, all in one run (--only durable, about four minutes), with the
-   servers' flags per store from GUNICORN and GRANIAN (below; the README's recipes and those
-   of deploy/plantstore-granian.service). Loaded: each store (memory, SQLite, PostgreSQL)
-   under gunicorn and under granian, wrk -t1 -c16 unique creates, and pgbench inserting the
-   same rows into the same PostgreSQL with 16 clients, in interleaved rounds: requests per
-   second, p99, the longest wait, bad answers, the ratios of issue 31's bars, and the sizes of
-   the batches each SQL row wrote with group commit (PostgreSQL's from the rows' xmin;
-   SQLite's counted in the serving processes by benchmarks/batch_sizes.py). Low load: each
-   SQL store under each server with one connection, one create at a time (wrk -t1 -c1), mean,
-   p50 and p99, each beside the same server running plantstore.py as it was at --baseline (1.2.0).
-   Each server has a database of its own. PostgreSQL is started the way the tests start it,
-   with its durable defaults (fsync, synchronous_commit on), so this section also needs the
-   test extra: pip install -e '.[bench,test]'.
+5. Durable creates over HTTP, all in one run (--only durable, about four minutes), with
+   the servers' flags per store from GUNICORN and GRANIAN (below; the README's recipes
+   and those of deploy/plantstore-granian.service). Loaded: each store (memory, SQLite,
+   PostgreSQL) under gunicorn and under granian, wrk -t1 -c16 unique creates, and
+   pgbench inserting the same rows into the same PostgreSQL with 16 clients, in
+   interleaved rounds: requests per second, p99, the longest wait, bad answers, the
+   ratios of issue 31's bars, and the sizes of the batches each SQL row wrote with group
+   commit (PostgreSQL's from the rows' xmin; SQLite's counted in the serving processes
+   by benchmarks/batch_sizes.py). Low load: each SQL store under each server with one
+   connection, one create at a time (wrk -t1 -c1), mean, p50 and p99, each beside the
+   same server running plantstore.py as it was at --baseline (1.2.0). Each server has a
+   database of its own. PostgreSQL is started the way the tests start it, with its
+   durable defaults (fsync, synchronous_commit on), so this section also needs the test
+   extra: pip install -e '.[bench,test]'.
 6. Listing at size, in process with the in-memory store: a page of 10 at 1,000
    plants, at --listing-plants, and after deleting the oldest 90%; the whole
    listing at --listing-plants: its time, the extra memory at its peak, and the
@@ -67,18 +68,25 @@ sys.path.insert(0, str(HERE.parent))
 
 import plantstore  # noqa: E402 (after sys.path, so that it is this repository's)
 
-TOKEN = secrets.token_urlsafe(32)  # made up per run; reaches servers through the environment only
+# made up per run; reaches servers through the environment only
+TOKEN = secrets.token_urlsafe(32)
 CEILING_BODY = b'{"name": "Fern", "tag": "indoor"}'
 
 
 # ---- The contenders ----
 
+
 def ceiling(environ, start_response):
     """The least a WSGI app can do here: read the body, answer a constant JSON."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
     environ["wsgi.input"].read(length)
-    start_response("200 OK", [("Content-Type", "application/json"),
-                              ("Content-Length", str(len(CEILING_BODY)))])
+    start_response(
+        "200 OK",
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(CEILING_BODY))),
+        ],
+    )
     return [CEILING_BODY]
 
 
@@ -95,25 +103,40 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
         def on_post(self, req, resp):
             scheme, _, token = (req.auth or "").partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                raise plantstore.HTTPError(401, "a bearer token is required", headers=[
-                    ("WWW-Authenticate", 'Bearer realm="plantstore"')])
+                raise plantstore.HTTPError(
+                    401,
+                    "a bearer token is required",
+                    headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')],
+                )
             sent = token.strip().encode("latin-1", "replace")
             if not sum(hmac.compare_digest(sent, good) for good in accepted):
-                raise plantstore.HTTPError(401, "the bearer token is not valid", headers=[
-                    ("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')])
+                raise plantstore.HTTPError(
+                    401,
+                    "the bearer token is not valid",
+                    headers=[
+                        (
+                            "WWW-Authenticate",
+                            'Bearer realm="plantstore", error="invalid_token"',
+                        )
+                    ],
+                )
             media_type = (req.content_type or "").partition(";")[0].strip().lower()
             if media_type != "application/json":
-                raise plantstore.HTTPError(415, "Content-Type must be application/json",
-                                           headers=[("Accept", "application/json")])
+                raise plantstore.HTTPError(
+                    415,
+                    "Content-Type must be application/json",
+                    headers=[("Accept", "application/json")],
+                )
             if (req.content_length or 0) > max_body_bytes:
                 raise plantstore.HTTPError(
-                    413, f"request body is larger than {max_body_bytes} bytes")
+                    413, f"request body is larger than {max_body_bytes} bytes"
+                )
             plant_id, name, tag = plantstore.read_new_plant(req.bounded_stream.read())
             if not store.add(plant_id, name, tag):
                 raise plantstore.HTTPError(409, "a plant with this 'id' already exists")
             resp.media = {"name": name} if tag is None else {"name": name, "tag": tag}
 
-    def render(req, resp, error, params):  # noqa: ARG001 (Falcon's signature for error handlers)
+    def render(req, resp, error, params):  # noqa: ARG001 (Falcon's signature)
         resp.status = error.status
         resp.media = {"error": error.status, "message": error.message}
         for name, value in error.headers:
@@ -126,7 +149,10 @@ def make_falcon_app(tokens, max_body_bytes=plantstore.MAX_BODY_BYTES):
 
 
 def in_process_contenders():
-    contenders = {"plantstore": lambda: plantstore.make_app([TOKEN]), "ceiling": lambda: ceiling}
+    contenders = {
+        "plantstore": lambda: plantstore.make_app([TOKEN]),
+        "ceiling": lambda: ceiling,
+    }
     if falcon_installed():
         contenders["falcon"] = lambda: make_falcon_app([TOKEN])
     return contenders
@@ -142,38 +168,56 @@ def falcon_installed():
 
 # ---- 1. In process ----
 
+
 def request_environs(first_id, count):
-    """WSGI environs for `count` valid creates with unique ids, built before the clock starts."""
+    """WSGI environs for `count` valid creates with unique ids, built before the clock
+    starts."""
     environs = []
     for plant_id in range(first_id, first_id + count):
         body = b'{"id": %d, "name": "Fern", "tag": "indoor"}' % plant_id
-        environs.append({
-            "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/plants",
-            "QUERY_STRING": "", "SERVER_NAME": "localhost", "SERVER_PORT": "80",
-            "SERVER_PROTOCOL": "HTTP/1.1", "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(body)), "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
-            "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
-            "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
-            "wsgi.multiprocess": False, "wsgi.run_once": False, "wsgi.input_terminated": True,
-        })
+        environs.append(
+            {
+                "REQUEST_METHOD": "POST",
+                "SCRIPT_NAME": "",
+                "PATH_INFO": "/plants",
+                "QUERY_STRING": "",
+                "SERVER_NAME": "localhost",
+                "SERVER_PORT": "80",
+                "SERVER_PROTOCOL": "HTTP/1.1",
+                "CONTENT_TYPE": "application/json",
+                "CONTENT_LENGTH": str(len(body)),
+                "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+                "wsgi.version": (1, 0),
+                "wsgi.url_scheme": "http",
+                "wsgi.input": io.BytesIO(body),
+                "wsgi.errors": sys.stderr,
+                "wsgi.multithread": True,
+                "wsgi.multiprocess": False,
+                "wsgi.run_once": False,
+                "wsgi.input_terminated": True,
+            }
+        )
     return environs
 
 
 def time_round(apps, first_id, count, batch=100):
-    """Return {name: microseconds per request} over `count` valid creates each; fail unless all
-    were 200.
+    """Return {name: microseconds per request} over `count` valid creates each; fail
+    unless all were 200.
 
-    The contenders take turns every `batch` requests, in an order that rotates, so that a burst of
-    noise from the machine lands on all of them alike. Environs are built per batch outside the
-    clock, as a server builds each one just before it calls the app: thousands built up front
-    would be cold in the cache when their turn came.
+    The contenders take turns every `batch` requests, in an order that rotates, so that
+    a burst of noise from the machine lands on all of them alike. Environs are built per
+    batch outside the clock, as a server builds each one just before it calls the app:
+    thousands built up front would be cold in the cache when their turn came.
     """
     statuses = []
-    start_response = lambda status, *_: statuses.append(status)  # noqa: E731 (a one-line WSGI callback)
+
+    def start_response(status, *_):
+        statuses.append(status)
+
     clock = time.perf_counter
     names, elapsed = list(apps), dict.fromkeys(apps, 0.0)
     for turn, start in enumerate(range(first_id, first_id + count, batch)):
-        for name in names[turn % len(names):] + names[:turn % len(names)]:
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
             environs = request_environs(start, min(batch, first_id + count - start))
             application = apps[name]
             begin = clock()
@@ -181,63 +225,88 @@ def time_round(apps, first_id, count, batch=100):
                 b"".join(application(environ, start_response))
             elapsed[name] += clock() - begin
     if statuses != ["200 OK"] * (count * len(apps)):
-        raise SystemExit(f"a contender answered other than 200: {sorted(set(statuses))}")
+        raise SystemExit(
+            f"a contender answered other than 200: {sorted(set(statuses))}"
+        )
     return {name: seconds / count * 1e6 for name, seconds in elapsed.items()}
 
 
 def bench_in_process(processes, rounds, per_round):
-    """Per contender, microseconds per valid create, and the ratios to the ceiling and plantstore.
+    """Per contender, microseconds per valid create, and the ratios to the ceiling and
+    plantstore.
 
-    The rounds run in several fresh processes, one after another, as pyperf does: where a process
-    happens to lay out its memory, and its hash seed, move the figures by a few percent.
+    The rounds run in several fresh processes, one after another, as pyperf does: where
+    a process happens to lay out its memory, and its hash seed, move the figures by a
+    few percent.
     """
     if not falcon_installed():
-        print("Falcon is not installed (pip install -e '.[bench]'): its row is left out.",
-              file=sys.stderr)
+        print(
+            "Falcon is not installed (pip install -e '.[bench]'): its row is left out.",
+            file=sys.stderr,
+        )
     samples = []
     for _ in range(processes):
-        worker = [sys.executable, __file__, "--worker", "--rounds", str(rounds),
-                  "--per-round", str(per_round)]
-        samples += json.loads(subprocess.run(worker, stdout=subprocess.PIPE, text=True,
-                                             check=True).stdout)
-    return {name: (value, ratio, median_ratio(samples, name, "plantstore"))
-            for name, (value, ratio) in summarize(samples, "ceiling").items()}
+        worker = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--rounds",
+            str(rounds),
+            "--per-round",
+            str(per_round),
+        ]
+        samples += json.loads(
+            subprocess.run(worker, stdout=subprocess.PIPE, text=True, check=True).stdout
+        )
+    return {
+        name: (value, ratio, median_ratio(samples, name, "plantstore"))
+        for name, (value, ratio) in summarize(samples, "ceiling").items()
+    }
 
 
 def in_process_rounds(rounds, per_round):
     """The rounds of one process: a list of {contender: microseconds per request}."""
     apps = {name: build() for name, build in in_process_contenders().items()}
     time_round(apps, 10**12, 200)  # warm up, and prove each one answers 200
-    return [time_round(apps, round_number * per_round, per_round)
-            for round_number in range(rounds)]
+    return [
+        time_round(apps, round_number * per_round, per_round)
+        for round_number in range(rounds)
+    ]
 
 
 def median_ratio(samples, name, baseline):
-    """The median over rounds of name's figure divided by baseline's figure in the same round."""
+    """The median over rounds of name's figure divided by baseline's figure in the same
+    round."""
     return statistics.median(sample[name] / sample[baseline] for sample in samples)
 
 
 def summarize(samples, baseline):
-    """{name: (median figure, median ratio to baseline)} from rounds, each {name: figure}."""
-    return {name: (statistics.median(sample[name] for sample in samples),
-                   median_ratio(samples, name, baseline))
-            for name in samples[0]}
+    """{name: (median figure, median ratio to baseline)} from rounds, each {name:
+    figure}."""
+    return {
+        name: (
+            statistics.median(sample[name] for sample in samples),
+            median_ratio(samples, name, baseline),
+        )
+        for name in samples[0]
+    }
 
 
 # ---- 2. Over HTTP ----
 
 WRK_SCRIPT = r"""
--- Unique ids: each wrk thread counts in its own range, above a base that differs per run.
+-- Unique ids: each wrk thread counts in its own range, above a base new to each run.
 local threads, base = 0, tonumber(os.getenv("BENCH_ID_BASE"))
 local auth = "Bearer " .. os.getenv("BENCH_TOKEN")
 function setup(thread) thread:set("slot", threads); threads = threads + 1 end
 function init() counter = base + slot * 100000000 end
 function request()
   counter = counter + 1
-  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14: ids repeat
+  -- %d, not `..`: Lua writes a number of 15 digits or more as 1.0000000000001e+14,
+  -- and ids would repeat
   return wrk.format("POST", "/plants",
-                    {["Content-Type"] = "application/json", ["Authorization"] = auth},
-                    string.format('{"id": %d, "name": "Fern", "tag": "indoor"}', counter))
+    {["Content-Type"] = "application/json", ["Authorization"] = auth},
+    string.format('{"id": %d, "name": "Fern", "tag": "indoor"}', counter))
 
 end
 """
@@ -262,81 +331,165 @@ def wait_for_port(port, process, seconds=30):
     raise SystemExit("the server did not start listening")
 
 
-# The servers' flags per store, in one place: the README's recipes for gunicorn, and those of
-# deploy/plantstore-granian.service (docs/granian.md) for granian. Change them here to measure
-# others: the output says when granian's differ from the unit's. With group commit, a batch in
-# one process holds at most as many creates as that process has threads.
-GUNICORN = {"memory": "-w 1 --threads 8",
-            "sqlite": "-w 2 --threads 4",
-            "postgres": "-w 2 --threads 4"}
-GRANIAN = {"memory": "--workers 1 --blocking-threads 8 --runtime-mode st",
-           "sqlite": "--workers 2 --blocking-threads 8 --runtime-mode st",
-           "postgres": "--workers 2 --blocking-threads 8 --runtime-mode st"}
+# The servers' flags per store, in one place: the README's recipes for gunicorn, and
+# those of deploy/plantstore-granian.service (docs/granian.md) for granian. Change them
+# here to measure others: the output says when granian's differ from the unit's. With
+# group commit, a batch in one process holds at most as many creates as that process has
+# threads.
+GUNICORN = {
+    "memory": "-w 1 --threads 8",
+    "sqlite": "-w 2 --threads 4",
+    "postgres": "-w 2 --threads 4",
+}
+GRANIAN = {
+    "memory": "--workers 1 --blocking-threads 8 --runtime-mode st",
+    "sqlite": "--workers 2 --blocking-threads 8 --runtime-mode st",
+    "postgres": "--workers 2 --blocking-threads 8 --runtime-mode st",
+}
 STORE_NAMES = {"memory": "memory", "sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 def gunicorn_command(store, port, app="plantstore:app", pythonpath=HERE.parent):
-    return [sys.executable, "-m", "gunicorn", *GUNICORN[store].split(), "-k", "gthread",
-            "-b", f"127.0.0.1:{port}", "--log-level", "warning", "--pythonpath", str(pythonpath),
-            app]
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        *GUNICORN[store].split(),
+        "-k",
+        "gthread",
+        "-b",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "warning",
+        "--pythonpath",
+        str(pythonpath),
+        app,
+    ]
 
 
 def granian_command(store, port, app="plantstore:app"):
-    """granian as deploy/plantstore-granian.service runs it, with GRANIAN's flags for the store."""
-    return [sys.executable, "-m", "granian", "--interface", "wsgi", "--http", "1", "--no-ws",
-            "--host", "127.0.0.1", "--port", str(port), *GRANIAN[store].split(),
-            "--log-level", "warning", app]
+    """granian as deploy/plantstore-granian.service runs it, with GRANIAN's flags for
+    the store."""
+    return [
+        sys.executable,
+        "-m",
+        "granian",
+        "--interface",
+        "wsgi",
+        "--http",
+        "1",
+        "--no-ws",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *GRANIAN[store].split(),
+        "--log-level",
+        "warning",
+        app,
+    ]
 
 
 def server_label(server, store):
-    """gunicorn's flags as written; granian's as docs/granian.md names them: w2 bt8 st is
-    --workers 2 --blocking-threads 8 --runtime-mode st."""
+    """gunicorn's flags as written; granian's as docs/granian.md names them: w2 bt8 st
+    is --workers 2 --blocking-threads 8 --runtime-mode st."""
     if server == "gunicorn":
         return f"gunicorn {GUNICORN[store]}"
-    short = {"workers": "w", "blocking-threads": "bt", "runtime-threads": "rt",
-             "backpressure": "bp", "runtime-mode": ""}
-    return "granian " + re.sub(r"--([\w-]+) (\w+)",
-                               lambda m: short[m[1]] + m[2] if m[1] in short else m[0],
-                               GRANIAN[store])
+    short = {
+        "workers": "w",
+        "blocking-threads": "bt",
+        "runtime-threads": "rt",
+        "backpressure": "bp",
+        "runtime-mode": "",
+    }
+    return "granian " + re.sub(
+        r"--([\w-]+) (\w+)",
+        lambda m: short[m[1]] + m[2] if m[1] in short else m[0],
+        GRANIAN[store],
+    )
 
 
 def unlike_the_unit():
-    """The stores whose GRANIAN flags are not those of deploy/plantstore-granian.service."""
+    """The stores whose GRANIAN flags are not those of
+    deploy/plantstore-granian.service."""
     unit = (HERE.parent / "deploy" / "plantstore-granian.service").read_text()
-    lines = {"memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
-             "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
-             "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$"}
-    found = {store: re.search(line, unit, re.MULTILINE) for store, line in lines.items()}
-    return [store for store in lines
-            if not found[store] or f" {GRANIAN[store]} " not in f" {found[store][1]} "]
+    lines = {
+        "memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
+        "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
+        "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$",
+    }
+    found = {
+        store: re.search(line, unit, re.MULTILINE) for store, line in lines.items()
+    }
+    return [
+        store
+        for store in lines
+        if not found[store] or f" {GRANIAN[store]} " not in f" {found[store][1]} "
+    ]
 
 
 def server_environ(db=None, **more):
-    """A server's environment: the token, the store (None: in memory), no flag's override."""
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("WEB_CONCURRENCY", "PLANTSTORE_DB") and not name.startswith("GRANIAN_")}
-    return {**env, "PLANTSTORE_TOKENS": TOKEN, **({"PLANTSTORE_DB": db} if db else {}), **more}
+    """A server's environment: the token, the store (None: in memory), no flag's
+    override."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("WEB_CONCURRENCY", "PLANTSTORE_DB")
+        and not name.startswith("GRANIAN_")
+    }
+    return {
+        **env,
+        "PLANTSTORE_TOKENS": TOKEN,
+        **({"PLANTSTORE_DB": db} if db else {}),
+        **more,
+    }
 
 
 def spawn(args, port, env, cwd=HERE.parent):
     """Start a server and return its process once it listens on port."""
-    process = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for_port(port, process)
     return process
 
 
 def start_server(kind, port, db_path):
     if kind == "sqlite":
-        args = [sys.executable, "-m", "gunicorn", "-w", "4", "--threads", "4", "-k", "gthread",
-                "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-                "--pythonpath", str(HERE.parent), "plantstore:app"]
+        args = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-w",
+            "4",
+            "--threads",
+            "4",
+            "-k",
+            "gthread",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "warning",
+            "--pythonpath",
+            str(HERE.parent),
+            "plantstore:app",
+        ]
         return spawn(args, port, server_environ(db_path))
     if kind == "embedded":
         args = [sys.executable, str(HERE.parent / "plantstore.py"), "--port", str(port)]
         return spawn(args, port, server_environ())
-    if kind.startswith("granian"):  # the in-memory flags: plantstore, or the ceiling app
-        app = "plantstore:app" if kind == "granian" else f"{Path(__file__).resolve()}:ceiling"
+    # the in-memory flags: plantstore, or the ceiling app
+    if kind.startswith("granian"):
+        app = (
+            "plantstore:app"
+            if kind == "granian"
+            else f"{Path(__file__).resolve()}:ceiling"
+        )
         return spawn(granian_command("memory", port, app), port, server_environ())
     app = "plantstore:app" if kind == "plantstore" else "bench_plantstore:ceiling"
     args = gunicorn_command("memory", port, app, pythonpath=f"{HERE.parent},{HERE}")
@@ -344,19 +497,41 @@ def start_server(kind, port, db_path):
 
 
 def run_wrk(port, script, seconds, connections, id_base, latencies=None):
-    """Requests per second, non-2xx answers and socket errors; with a dict, also the mean, p50, p99
-    and longest latency ("max"), in ms."""
+    """Requests per second, non-2xx answers and socket errors; with a dict, also the
+    mean, p50, p99 and longest latency ("max"), in ms."""
     env = {**os.environ, "BENCH_TOKEN": TOKEN, "BENCH_ID_BASE": str(id_base)}
-    out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s",
-                          "--latency", "-s", script, f"http://127.0.0.1:{port}/plants"],
-                         env=env, capture_output=True, text=True, timeout=seconds + 60,
-                         check=True).stdout
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t",
+            "1",
+            "-c",
+            str(connections),
+            "-d",
+            f"{seconds}s",
+            "--latency",
+            "-s",
+            script,
+            f"http://127.0.0.1:{port}/plants",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    ).stdout
 
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
-    non_2xx = int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
-    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    non_2xx = (
+        int(m[1]) if (m := re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)) else 0
+    )
+    errors = sum(
+        int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out)
+    )
     if latencies is not None:
-        mean, _, longest = re.search(r"Latency\s+([\d.]+\w+)\s+(\S+)\s+([\d.]+\w+)", out).groups()
+        mean, _, longest = re.search(
+            r"Latency\s+([\d.]+\w+)\s+(\S+)\s+([\d.]+\w+)", out
+        ).groups()
         latencies.update(mean=milliseconds(mean), max=milliseconds(longest))
         for name, percent in ("p50", "50"), ("p99", "99"):
             found = re.search(rf"^\s+{percent}%\s+([\d.]+\w+)", out, re.MULTILINE)
@@ -371,9 +546,16 @@ def milliseconds(text):
 
 
 def bench_http(rounds, seconds, connections, db_path):
-    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers; and
-    granian's own ratios."""
-    kinds = ["plantstore", "ceiling", "granian", "granian-ceiling", "embedded", "sqlite"]
+    """Per server: median requests/s, median ratio to gunicorn's ceiling, bad answers;
+    and granian's own ratios."""
+    kinds = [
+        "plantstore",
+        "ceiling",
+        "granian",
+        "granian-ceiling",
+        "embedded",
+        "sqlite",
+    ]
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_SCRIPT)
     servers = {}
@@ -383,15 +565,23 @@ def bench_http(rounds, seconds, connections, db_path):
         for kind in kinds:
             servers[kind] = (port := free_port()), start_server(kind, port, db_path)
         for round_number in range(rounds):
-            # Each pair a ratio is about runs back to back, each first every other round; then
-            # the rest.
+            # Each pair a ratio is about runs back to back, each first every other
+            # round; then the rest.
             flip = 1 if round_number % 2 else -1
             samples.append({})
-            for kind in (["plantstore", "ceiling"][::flip] + ["granian", "granian-ceiling"][::flip]
-                         + ["embedded", "sqlite"]):
+            for kind in (
+                ["plantstore", "ceiling"][::flip]
+                + ["granian", "granian-ceiling"][::flip]
+                + ["embedded", "sqlite"]
+            ):
                 port = servers[kind][0]
-                rps, non_2xx, errors = run_wrk(port, script.name, seconds, connections,
-                                               id_base=(round_number + 1) * 10**12)
+                rps, non_2xx, errors = run_wrk(
+                    port,
+                    script.name,
+                    seconds,
+                    connections,
+                    id_base=(round_number + 1) * 10**12,
+                )
                 samples[-1][kind] = rps
                 bad[kind] += non_2xx + errors
     finally:
@@ -399,19 +589,25 @@ def bench_http(rounds, seconds, connections, db_path):
             process.terminate()
             process.wait(30)
         os.unlink(script.name)
-    rates = {kind: (rps, ratio, bad[kind])
-             for kind, (rps, ratio) in summarize(samples, "ceiling").items()}
+    rates = {
+        kind: (rps, ratio, bad[kind])
+        for kind, (rps, ratio) in summarize(samples, "ceiling").items()
+    }
 
-    granian = {"vs gunicorn": median_ratio(samples, "granian", "plantstore"),
-               "vs its ceiling": median_ratio(samples, "granian", "granian-ceiling"),
-               "ceilings": median_ratio(samples, "granian-ceiling", "ceiling")}
+    granian = {
+        "vs gunicorn": median_ratio(samples, "granian", "plantstore"),
+        "vs its ceiling": median_ratio(samples, "granian", "granian-ceiling"),
+        "ceilings": median_ratio(samples, "granian-ceiling", "ceiling"),
+    }
     return rates, granian
 
 
 # ---- 3. Memory ----
 
+
 def bench_memory(plants):
-    """Bytes per plant held by the store after `plants` creates through the application."""
+    """Bytes per plant held by the store after `plants` creates through the
+    application."""
     store = plantstore.PlantStore()
     application = plantstore.make_app([TOKEN], store=store)
     tags = ["indoor", "outdoor", "succulent", "fern", "herb"]
@@ -421,7 +617,11 @@ def bench_memory(plants):
     before = tracemalloc.get_traced_memory()[0]
     for plant_id in range(plants):
         tag = tags[plant_id % 5].encode()
-        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (plant_id, plant_id, tag)
+        body = b'{"id": %d, "name": "plant %d", "tag": "%s"}' % (
+            plant_id,
+            plant_id,
+            tag,
+        )
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         application(environ, start_response)
@@ -434,13 +634,23 @@ def bench_memory(plants):
 
 # ---- 4. The SQLite store ----
 
+
 def bench_stores(rounds, per_round, db_path):
-    """Creates per second through the application, in-memory store against SQLite, interleaved."""
-    apps = {"memory": plantstore.make_app([TOKEN]),
-            "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path))}
-    samples = [{name: 1e6 / micros
-                for name, micros in time_round(apps, round_number * per_round, per_round).items()}
-               for round_number in range(rounds)]
+    """Creates per second through the application, in-memory store against SQLite,
+    interleaved."""
+    apps = {
+        "memory": plantstore.make_app([TOKEN]),
+        "sqlite": plantstore.make_app([TOKEN], store=plantstore.SQLiteStore(db_path)),
+    }
+    samples = [
+        {
+            name: 1e6 / micros
+            for name, micros in time_round(
+                apps, round_number * per_round, per_round
+            ).items()
+        }
+        for round_number in range(rounds)
+    ]
 
     return summarize(samples, "memory")
 
@@ -448,8 +658,11 @@ def bench_stores(rounds, per_round, db_path):
 # ---- 5. Durable creates over HTTP: PostgreSQL, SQLite, memory ----
 
 SERVERS = ("gunicorn", "granian")
-LOADED = [(store, server) for server in SERVERS for store in ("memory", "sqlite", "postgres")]
-PGBENCH = ("postgres", "pgbench")  # the database's own rate at the same inserts, without HTTP
+LOADED = [
+    (store, server) for server in SERVERS for store in ("memory", "sqlite", "postgres")
+]
+# the database's own rate at the same inserts, without HTTP
+PGBENCH = ("postgres", "pgbench")
 LOW_LOAD = [(store, server) for store in ("sqlite", "postgres") for server in SERVERS]
 BARS = [  # (row, against, the bar of issue 31 or None), as median ratios within a round
     (("postgres", "granian"), PGBENCH, 0.75),
@@ -459,35 +672,69 @@ BARS = [  # (row, against, the bar of issue 31 or None), as median ratios within
     (("postgres", "granian"), ("postgres", "gunicorn"), None),  # issue 20's bar was 1.8
 ]
 LOW_LOAD_BAR = 1.10  # issue 31: one create at a time, at most 10% slower than on 1.2.0
-BASELINE = "cb8c6625be8c3603113af195e5fa7c9c616d8681"  # main before group commit: plantstore 1.2.0
+# main before group commit: plantstore 1.2.0
+BASELINE = "cb8c6625be8c3603113af195e5fa7c9c616d8681"
 
-# The rows plantstore inserts on a create (no webhooks): one statement, in autocommit, as
-# PostgresStore runs it.
-PGBENCH_SCRIPT = r"""
-\set id random(1, 9000000000000000000)
-INSERT INTO plants (id, name, tag) VALUES (:id, '\x4665726e'::bytea, '\x696e646f6f72'::bytea) ON CONFLICT (id) DO NOTHING RETURNING seq;
-"""  # noqa: E501 (pgbench reads a statement on one line)
+# The rows plantstore inserts on a create (no webhooks): one statement, in autocommit,
+# as PostgresStore runs it. pgbench reads a statement on one line: no "\n" inside it.
+PGBENCH_SCRIPT = (
+    "\n\\set id random(1, 9000000000000000000)\n"
+    "INSERT INTO plants (id, name, tag)"
+    " VALUES (:id, '\\x4665726e'::bytea, '\\x696e646f6f72'::bytea)"
+    " ON CONFLICT (id) DO NOTHING RETURNING seq;\n"
+)
 
 
 def run_pgbench(postgres, script, seconds, clients):
-    """Transactions per second of pgbench with this script: `clients` sessions, 2 threads."""
+    """Transactions per second of pgbench with this script: `clients` sessions, 2
+    threads."""
     env = {**os.environ, "PGPASSWORD": postgres.password}  # never on the command line
-    binary = (shutil.which("pgbench")
-              or max(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench"))
-    out = subprocess.run([binary, "-n", "-c", str(clients), "-j", "2", "-M", "prepared",
-                          "-T", str(seconds), "-f", script, "-h", "127.0.0.1",
-                          "-p", str(postgres.port), "-U", "plantstore", "plantstore"],
-                         env=env, capture_output=True, text=True, timeout=seconds + 60,
-                         check=True).stdout
-    return float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)[1])
+    binary = shutil.which("pgbench") or max(
+        glob.glob("/usr/lib/postgresql/*/bin/pgbench"), default="pgbench"
+    )
+    out = subprocess.run(
+        [
+            binary,
+            "-n",
+            "-c",
+            str(clients),
+            "-j",
+            "2",
+            "-M",
+            "prepared",
+            "-T",
+            str(seconds),
+            "-f",
+            script,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(postgres.port),
+            "-U",
+            "plantstore",
+            "plantstore",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    ).stdout
+    return float(
+        re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)[1]
+    )
 
 
 def baseline_source(ref, folder):
-    """Write plantstore.py as it was at git `ref` into folder; return its version (else the ref),
-    or None if git cannot show it."""
+    """Write plantstore.py as it was at git `ref` into folder; return its version (else
+    the ref), or None if git cannot show it."""
     try:
-        source = subprocess.run(["git", "-C", str(HERE.parent), "show", f"{ref}:plantstore.py"],
-                                capture_output=True, text=True, check=True).stdout
+        source = subprocess.run(
+            ["git", "-C", str(HERE.parent), "show", f"{ref}:plantstore.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     os.makedirs(folder)
@@ -497,45 +744,65 @@ def baseline_source(ref, folder):
 
 
 def xmin_batches(url):
-    """{batch size: batches} in a PostgreSQL database: a transaction's rows share its xmin."""
+    """{batch size: batches} in a PostgreSQL database: a transaction's rows share its
+    xmin."""
     import psycopg
 
     with psycopg.connect(url) as connection:
-        return Counter(dict(connection.execute(
-            "SELECT size, count(*) FROM (SELECT count(*) AS size FROM plants GROUP BY xmin)"
-            " AS batches GROUP BY size")))
+        return Counter(
+            dict(
+                connection.execute(
+                    "SELECT size, count(*) FROM"
+                    " (SELECT count(*) AS size FROM plants GROUP BY xmin) AS batches"
+                    " GROUP BY size"
+                )
+            )
+        )
 
 
 def counted_batches(folder, store_class):
-    """{batch size: batches} that benchmarks/batch_sizes.py counted in a server's processes, one
-    per call of _write_batch; None for a plantstore without that method (before group commit)."""
+    """{batch size: batches} that benchmarks/batch_sizes.py counted in a server's
+    processes, one per call of _write_batch; None for a plantstore without that method
+    (before group commit)."""
     if not hasattr(store_class, "_write_batch"):
         return None
     counts = Counter()
     for path in glob.glob(os.path.join(folder, "*.json")):
-        counts.update({int(size): batches
-                       for size, batches in json.loads(Path(path).read_text()).items()})
+        counts.update(
+            {
+                int(size): batches
+                for size, batches in json.loads(Path(path).read_text()).items()
+            }
+        )
     return counts
 
 
 def batch_figures(counts):
-    """The median, mean and largest batch, aligned for the table; n/a without batches."""
+    """The median, mean and largest batch, aligned for the table; n/a without
+    batches."""
     if not counts:
         return f"{'n/a':>6} {'n/a':>5} {'n/a':>4}"
     sizes = sorted(counts.elements())
-    return f"{statistics.median(sizes):>6g} {sum(sizes) / len(sizes):>5.1f} {sizes[-1]:>4}"
+    return (
+        f"{statistics.median(sizes):>6g} {sum(sizes) / len(sizes):>5.1f} {sizes[-1]:>4}"
+    )
 
 
-def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baseline, workdir):
+def bench_durable(
+    rounds, seconds, connections, low_rounds, low_seconds, baseline, workdir
+):
     """Section 5, in two parts. Loaded: every store under each server at `connections`
-    connections, and pgbench with as many clients, in interleaved rounds, each first in turn;
-    then the sizes of the batches each SQL row wrote. Low load: each SQL store under each server
-    at one connection, beside the same server running plantstore.py as it was at git `baseline`
-    (empty: alone), the two back to back, each first every other round. Every server has a
-    database of its own: the stores grow alike, and no id is another's."""
+    connections, and pgbench with as many clients, in interleaved rounds, each first in
+    turn; then the sizes of the batches each SQL row wrote. Low load: each SQL store
+    under each server at one connection, beside the same server running plantstore.py as
+    it was at git `baseline` (empty: alone), the two back to back, each first every
+    other round. Every server has a database of its own: the stores grow alike, and no
+    id is another's."""
     sys.path.insert(0, str(HERE.parent))
     import psycopg
-    from test_plantstore import Postgres  # the tests' own: initdb and pg_ctl in a temporary folder
+
+    # the tests' own: initdb and pg_ctl in a temporary folder
+    from test_plantstore import Postgres
 
     postgres = Postgres(durable=True)
     script = os.path.join(workdir, "creates.lua")
@@ -566,16 +833,24 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
         for row in LOADED:
             if row[0] == "memory":
                 start(row)
-            else:  # served by benchmarks/batch_sizes.py, which counts the creates of each commit
+            else:
+                # served by benchmarks/batch_sizes.py, which counts the creates of
+                # each commit
                 counters[row] = os.path.join(workdir, f"batches{len(processes)}")
                 os.makedirs(counters[row])
-                start(row, app="batch_sizes:app", BENCH_BATCHES=counters[row],
-                      PYTHONPATH=str(HERE))
-        for row in LOW_LOAD:  # servers of their own, on plantstore now and at the baseline
+                start(
+                    row,
+                    app="batch_sizes:app",
+                    BENCH_BATCHES=counters[row],
+                    PYTHONPATH=str(HERE),
+                )
+        # servers of their own, on plantstore now and at the baseline
+        for row in LOW_LOAD:
             start((*row, "now"))
             if version:
                 start((*row, "baseline"), folder=old)
-        with psycopg.connect(postgres.url, autocommit=True) as connection:  # pgbench's table
+        # pgbench's table
+        with psycopg.connect(postgres.url, autocommit=True) as connection:
             for statement in plantstore.PostgresStore.schema:
                 connection.execute(statement)
 
@@ -586,35 +861,55 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
             turn = round_number % len(rows)
             for row in rows[turn:] + rows[:turn]:  # each first in turn
                 if row == PGBENCH:
-                    loaded[-1][row] = run_pgbench(postgres, insert_script, seconds, connections)
+                    loaded[-1][row] = run_pgbench(
+                        postgres, insert_script, seconds, connections
+                    )
                     continue
                 latencies = {}
-                rps, non_2xx, errors = run_wrk(ports[row], script, seconds, connections,
-                                               id_base=(round_number + 1) * 10**12,
-                                               latencies=latencies)
+                rps, non_2xx, errors = run_wrk(
+                    ports[row],
+                    script,
+                    seconds,
+                    connections,
+                    id_base=(round_number + 1) * 10**12,
+                    latencies=latencies,
+                )
                 loaded[-1][row] = rps
-                worst[row] = {"p99": max(worst[row]["p99"], latencies["p99"]),
-                              "max": max(worst[row]["max"], latencies["max"]),
-                              "bad": worst[row]["bad"] + non_2xx + errors}
+                worst[row] = {
+                    "p99": max(worst[row]["p99"], latencies["p99"]),
+                    "max": max(worst[row]["max"], latencies["max"]),
+                    "bad": worst[row]["bad"] + non_2xx + errors,
+                }
         time.sleep(1)  # each serving process writes its counts every half second
         batches = {}
         for row, folder in counters.items():
-            store_class = {"sqlite": plantstore.SQLiteStore,
-                           "postgres": plantstore.PostgresStore}[row[0]]
-            batches[row] = {"counted": counted_batches(folder, store_class),
-                            "xmin": xmin_batches(databases[row]) if row[0] == "postgres" else None}
+            store_class = {
+                "sqlite": plantstore.SQLiteStore,
+                "postgres": plantstore.PostgresStore,
+            }[row[0]]
+            batches[row] = {
+                "counted": counted_batches(folder, store_class),
+                "xmin": xmin_batches(databases[row]) if row[0] == "postgres" else None,
+            }
 
         low = []  # one {server: its latencies in ms, and its bad answers} per round
         for round_number in range(low_rounds):
             low.append({})
             turn = round_number % len(LOW_LOAD)
             for row in LOW_LOAD[turn:] + LOW_LOAD[:turn]:
-                pair = [(*row, "now"), (*row, "baseline")] if version else [(*row, "now")]
-                for server in pair[::1 if round_number % 2 else -1]:
+                pair = (
+                    [(*row, "now"), (*row, "baseline")] if version else [(*row, "now")]
+                )
+                for server in pair[:: 1 if round_number % 2 else -1]:
                     latencies = {}
-                    _, non_2xx, errors = run_wrk(ports[server], script, low_seconds, 1,
-                                                 id_base=(round_number + 1) * 10**12,
-                                                 latencies=latencies)
+                    _, non_2xx, errors = run_wrk(
+                        ports[server],
+                        script,
+                        low_seconds,
+                        1,
+                        id_base=(round_number + 1) * 10**12,
+                        latencies=latencies,
+                    )
                     low[-1][server] = {**latencies, "bad": non_2xx + errors}
     finally:
         for process in processes:
@@ -622,11 +917,18 @@ def bench_durable(rounds, seconds, connections, low_rounds, low_seconds, baselin
         for process in processes:
             process.wait(30)
         postgres.remove()
-    return {"loaded": loaded, "worst": worst, "batches": batches, "low": low, "version": version}
+    return {
+        "loaded": loaded,
+        "worst": worst,
+        "batches": batches,
+        "low": low,
+        "version": version,
+    }
 
 
 def print_durable(results, args):
-    """Section 5's two tables, the ratios of issue 31's bars, and how each figure was taken."""
+    """Section 5's two tables, the ratios of issue 31's bars, and how each figure was
+    taken."""
     loaded, worst, batches = results["loaded"], results["worst"], results["batches"]
 
     def label(row):
@@ -634,73 +936,114 @@ def print_durable(results, args):
             return f"PostgreSQL, pgbench -c {args.connections}"
         return f"{STORE_NAMES[row[0]]}, {server_label(row[1], row[0])}"
 
-    print(f"\nDurable creates over HTTP, wrk -t1 -c{args.connections} unique creates, "
-          f"{args.durable_rounds} interleaved rounds of {args.durable_seconds} s; requests/s is "
-          f"the median round, vs memory the median ratio within a round to the in-memory store "
-          f"under the same server, p99 the worst round's, max the longest wait; a batch is the "
-          f"creates written by one commit:")
-    print(f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  "
-          f"{'max ms':>7}  {'non-2xx/err':>11}  {'batch median':>12} {'mean':>5} {'max':>4}")
+    print(
+        f"\nDurable creates over HTTP, wrk -t1 -c{args.connections} unique creates, "
+        f"{args.durable_rounds} interleaved rounds of {args.durable_seconds} s; "
+        f"requests/s is the median round, vs memory the median ratio within a round to "
+        f"the in-memory store under the same server, p99 the worst round's, max the "
+        f"longest wait; a batch is the creates written by one commit:"
+    )
+    print(
+        f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  "
+        f"{'max ms':>7}  {'non-2xx/err':>11}  {'batch median':>12} {'mean':>5} "
+        f"{'max':>4}"
+    )
     for row in LOADED:
         rps = statistics.median(sample[row] for sample in loaded)
-        line = (f"  {label(row):<38} {rps:>10.0f}  "
-                f"{median_ratio(loaded, row, ('memory', row[1])):>8.3f}x  "
-                f"{worst[row]['p99']:>7.1f}  {worst[row]['max']:>7.1f}  {worst[row]['bad']:>11}")
+        line = (
+            f"  {label(row):<38} {rps:>10.0f}  "
+            f"{median_ratio(loaded, row, ('memory', row[1])):>8.3f}x  "
+            f"{worst[row]['p99']:>7.1f}  {worst[row]['max']:>7.1f}  "
+            f"{worst[row]['bad']:>11}"
+        )
         if row in batches:
-            line += "  " + batch_figures(batches[row]["counted" if row[0] == "sqlite" else "xmin"])
+            line += "  " + batch_figures(
+                batches[row]["counted" if row[0] == "sqlite" else "xmin"]
+            )
         print(line)
     rps = statistics.median(sample[PGBENCH] for sample in loaded)
-    print(f"  {label(PGBENCH):<38} {rps:>10.0f}  (inserts/s of the same rows, one transaction "
-          f"each, no HTTP)")
-    print("  batches: PostgreSQL's read from its database after the rounds (the rows of one "
-          "transaction share xmin); SQLite's counted in the serving processes, one per call of "
-          "SQLStore._write_batch (benchmarks/batch_sizes.py)"
-          + ("" if hasattr(plantstore.SQLiteStore, "_write_batch")
-             else ", which this plantstore has not: n/a"))
+    print(
+        f"  {label(PGBENCH):<38} {rps:>10.0f}  (inserts/s of the same rows, one "
+        f"transaction each, no HTTP)"
+    )
+    print(
+        "  batches: PostgreSQL's read from its database after the rounds (the rows of "
+        "one transaction share xmin); SQLite's counted in the serving processes, one "
+        "per call of SQLStore._write_batch (benchmarks/batch_sizes.py)"
+        + (
+            ""
+            if hasattr(plantstore.SQLiteStore, "_write_batch")
+            else ", which this plantstore has not: n/a"
+        )
+    )
     for row in LOADED:
         if row[0] == "postgres" and batches[row]["counted"] is not None:
             median, mean, largest = batch_figures(batches[row]["counted"]).split()
-            print(f"  {label(row)}, its batches counted as SQLite's are: median {median}, "
-                  f"mean {mean}, largest {largest}")
+            print(
+                f"  {label(row)}, its batches counted as SQLite's are: median "
+                f"{median}, mean {mean}, largest {largest}"
+            )
     print("  the issue's bars, median ratios within a round:")
     for row, against, bar in BARS:
         ratio = median_ratio(loaded, row, against)
-        verdict = f"  bar >= {bar}: {'met' if ratio >= bar else 'NOT met'}" if bar else ""
+        verdict = (
+            f"  bar >= {bar}: {'met' if ratio >= bar else 'NOT met'}" if bar else ""
+        )
         print(f"    {label(row) + ' / ' + label(against):<72} {ratio:>6.2f}x{verdict}")
     if differ := unlike_the_unit():
-        print(f"  granian's flags for {', '.join(STORE_NAMES[store] for store in differ)} are not "
-              f"those of deploy/plantstore-granian.service (GRANIAN in this file)")
+        print(
+            f"  granian's flags for "
+            f"{', '.join(STORE_NAMES[store] for store in differ)} are not those of "
+            f"deploy/plantstore-granian.service (GRANIAN in this file)"
+        )
     if results["low"]:
         print_low_load(results["low"], results["version"], label, args)
 
 
 def print_low_load(low, version, label, args):
-    """The low-load table: each row's median round, and its median ratios to the baseline's."""
-    print(f"\nLow load, wrk -t1 -c1, one create at a time: {args.low_rounds} interleaved rounds "
-          f"of {args.low_seconds} s; the median round's latencies", end="")
+    """The low-load table: each row's median round, and its median ratios to the
+    baseline's."""
+    print(
+        f"\nLow load, wrk -t1 -c1, one create at a time: {args.low_rounds} interleaved "
+        f"rounds of {args.low_seconds} s; the median round's latencies",
+        end="",
+    )
     if version:
-        print(f", and the median ratio within a round to the same server on plantstore {version} "
-              f"(git {args.baseline[:12]}), run back to back with it, each first every other "
-              f"round (the issue's bar: at most {LOW_LOAD_BAR:.2f}x):")
+        print(
+            f", and the median ratio within a round to the same server on plantstore "
+            f"{version} (git {args.baseline[:12]}), run back to back with it, each "
+            f"first every other round (the issue's bar: at most {LOW_LOAD_BAR:.2f}x):"
+        )
     elif args.baseline:
         print(f" (no baseline: git showed no plantstore.py at {args.baseline}):")
     else:
         print(":")
-    print(f"  {'store, server':<38} {'mean ms':>7}  {'p50 ms':>7}  {'p99 ms':>7}  "
-          f"{'non-2xx/err':>11}"
-          + (f"  {'vs ' + version + ': mean':>17}  {'p50':>6}  {'p99':>6}" if version else ""))
+    print(
+        f"  {'store, server':<38} {'mean ms':>7}  {'p50 ms':>7}  {'p99 ms':>7}  "
+        f"{'non-2xx/err':>11}"
+        + (
+            f"  {'vs ' + version + ': mean':>17}  {'p50':>6}  {'p99':>6}"
+            if version
+            else ""
+        )
+    )
     for row in LOW_LOAD:
         now, then = (*row, "now"), (*row, "baseline")
         for server in [now, then] if version else [now]:
-            figures = [statistics.median(sample[server][name] for sample in low)
-                       for name in ("mean", "p50", "p99")]
-            line = (f"  {label(row) if server == now else '  the same on ' + version:<38} "
-                    f"{figures[0]:>7.2f}  {figures[1]:>7.2f}  {figures[2]:>7.2f}  "
-                    f"{sum(sample[server]['bad'] for sample in low):>11}")
+            figures = [
+                statistics.median(sample[server][name] for sample in low)
+                for name in ("mean", "p50", "p99")
+            ]
+            line = (
+                f"  {label(row) if server == now else '  the same on ' + version:<38} "
+                f"{figures[0]:>7.2f}  {figures[1]:>7.2f}  {figures[2]:>7.2f}  "
+                f"{sum(sample[server]['bad'] for sample in low):>11}"
+            )
             if version and server == now:
                 for name, width in ("mean", 16), ("p50", 5), ("p99", 5):
-                    ratio = statistics.median(sample[now][name] / sample[then][name]
-                                              for sample in low)
+                    ratio = statistics.median(
+                        sample[now][name] / sample[then][name] for sample in low
+                    )
 
                     line += f"  {ratio:>{width}.2f}x"
             print(line)
@@ -708,9 +1051,10 @@ def print_low_load(low, version, label, args):
 
 # ---- 6. Listing at size ----
 
+
 def bench_listing(plants):
-    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB and the
-    longest gap between creates made meanwhile."""
+    """Microseconds per page of 10 at three sizes; the whole listing's seconds, peak MB
+    and the longest gap between creates made meanwhile."""
     application = None
 
     def page_micros(store, repeat=2000):
@@ -746,8 +1090,9 @@ def bench_listing(plants):
             size += len(chunk)  # as a server would: written out, then let go
         return size
 
-    # The time, and the creates on another thread meanwhile, first; then, apart, the memory:
-    # tracemalloc slows every allocation, which would stretch the time and the gaps many times.
+    # The time, and the creates on another thread meanwhile, first; then, apart, the
+    # memory: tracemalloc slows every allocation, which would stretch the time and the
+    # gaps many times.
     gaps, done = [], threading.Event()
 
     def create_meanwhile():
@@ -771,34 +1116,97 @@ def bench_listing(plants):
     whole_listing()
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
-    return {"small": small, "large": large, "after_deletes": after_deletes, "seconds": seconds,
-            "peak_mb": peak / 1e6, "gap_ms": max(gaps) * 1e3, "bytes": size}
+    return {
+        "small": small,
+        "large": large,
+        "after_deletes": after_deletes,
+        "seconds": seconds,
+        "peak_mb": peak / 1e6,
+        "gap_ms": max(gaps) * 1e3,
+        "bytes": size,
+    }
 
 
 # ---- Report ----
 
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--quick", action="store_true", help="tiny counts, in process only (a smoke run)")
-    add("--processes", type=int, default=3, help="fresh processes for the in-process rounds")
+    add(
+        "--quick",
+        action="store_true",
+        help="tiny counts, in process only (a smoke run)",
+    )
+    add(
+        "--processes",
+        type=int,
+        default=3,
+        help="fresh processes for the in-process rounds",
+    )
     add("--rounds", type=int, default=11, help="in-process rounds per process")
-    add("--per-round", type=int, default=20_000, help="requests per contender per round")
-    add("--http-seconds", type=int, default=1, help="wrk seconds per contender per round")
+    add(
+        "--per-round", type=int, default=20_000, help="requests per contender per round"
+    )
+    add(
+        "--http-seconds",
+        type=int,
+        default=1,
+        help="wrk seconds per contender per round",
+    )
     add("--http-rounds", type=int, default=60)
     add("--connections", type=int, default=16)
-    add("--plants", type=int, default=1_000_000, help="plants stored for the memory figure")
+    add(
+        "--plants",
+        type=int,
+        default=1_000_000,
+        help="plants stored for the memory figure",
+    )
     add("--store-rounds", type=int, default=5)
-    add("--store-per-round", type=int, default=2_000, help="creates per store per round")
-    add("--durable-rounds", type=int, default=10, help="rounds of section 5 (durable creates)")
-    add("--durable-seconds", type=int, default=2, help="wrk seconds per server per round")
-    add("--low-rounds", type=int, default=10, help="rounds of section 5's low load (wrk -c1)")
-    add("--low-seconds", type=int, default=1, help="wrk seconds per server per low-load round")
-    add("--baseline", default=BASELINE,
-        help="the git commit whose plantstore.py serves beside each low-load row ('': none)")
-    add("--listing-plants", type=int, default=1_000_000, help="plants for section 6 (listing)")
+    add(
+        "--store-per-round", type=int, default=2_000, help="creates per store per round"
+    )
+    add(
+        "--durable-rounds",
+        type=int,
+        default=10,
+        help="rounds of section 5 (durable creates)",
+    )
+    add(
+        "--durable-seconds",
+        type=int,
+        default=2,
+        help="wrk seconds per server per round",
+    )
+    add(
+        "--low-rounds",
+        type=int,
+        default=10,
+        help="rounds of section 5's low load (wrk -c1)",
+    )
+    add(
+        "--low-seconds",
+        type=int,
+        default=1,
+        help="wrk seconds per server per low-load round",
+    )
+    add(
+        "--baseline",
+        default=BASELINE,
+        help=(
+            "the git commit whose plantstore.py serves beside each low-load row"
+            " ('': none)"
+        ),
+    )
+    add(
+        "--listing-plants",
+        type=int,
+        default=1_000_000,
+        help="plants for section 6 (listing)",
+    )
     add("--only", choices=["durable", "listing"], help="run one section alone")
-    add("--worker", action="store_true", help=argparse.SUPPRESS)  # one process of section 1
+    # one process of section 1
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(in_process_rounds(args.rounds, args.per_round)))
@@ -808,8 +1216,10 @@ def main(argv=None):
         args.plants, args.store_rounds, args.store_per_round = 2_000, 2, 50
     workdir = tempfile.TemporaryDirectory(prefix="plantstore-bench-")
 
-    print(f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
-          f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
+    print(
+        f"plantstore {plantstore.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"
+    )
     command = " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: python benchmarks/bench_plantstore.py {command}")
 
@@ -819,63 +1229,108 @@ def main(argv=None):
         listing = bench_listing(args.listing_plants)
         print("\nListing at size, in process, in-memory store:")
         print(f"  a page of 10 at 1,000 plants        {listing['small']:>8.1f} us")
-        print(f"  a page of 10 at {args.listing_plants:<,} plants {listing['large']:>10.1f} us  "
-              f"({listing['large'] / listing['small']:.2f}x)")
-        print(f"  the same after deleting the oldest 90% {listing['after_deletes']:>5.1f} us  "
-              f"({listing['after_deletes'] / listing['small']:.2f}x)")
-        print(f"  the whole listing at {args.listing_plants:,} plants: "
-              f"{listing['seconds']:.2f} s, {listing['bytes'] / 1e6:.0f} MB sent, "
-              f"{listing['peak_mb']:.1f} MB more memory at its peak, creates on another thread "
-              f"at most {listing['gap_ms']:.1f} ms apart")
+        print(
+            f"  a page of 10 at {args.listing_plants:<,} plants "
+            f"{listing['large']:>10.1f} us  "
+            f"({listing['large'] / listing['small']:.2f}x)"
+        )
+        print(
+            f"  the same after deleting the oldest 90% "
+            f"{listing['after_deletes']:>5.1f} us  "
+            f"({listing['after_deletes'] / listing['small']:.2f}x)"
+        )
+        print(
+            f"  the whole listing at {args.listing_plants:,} plants: "
+            f"{listing['seconds']:.2f} s, {listing['bytes'] / 1e6:.0f} MB sent, "
+            f"{listing['peak_mb']:.1f} MB more memory at its peak, creates on another "
+            f"thread at most {listing['gap_ms']:.1f} ms apart"
+        )
     if args.only == "listing":
         return 0
     if not args.quick and args.only in (None, "durable"):
-        results = bench_durable(args.durable_rounds, args.durable_seconds, args.connections,
-                                args.low_rounds, args.low_seconds, args.baseline, workdir.name)
+        results = bench_durable(
+            args.durable_rounds,
+            args.durable_seconds,
+            args.connections,
+            args.low_rounds,
+            args.low_seconds,
+            args.baseline,
+            workdir.name,
+        )
         print_durable(results, args)
     if args.only == "durable":
         return 0
 
     micro = bench_in_process(args.processes, args.rounds, args.per_round)
-    print(f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of "
-          f"{args.per_round} valid creates ({args.processes} fresh processes x {args.rounds}):")
-    print(f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  {'vs plantstore':>13}")
+    print(
+        f"\nIn process, median of {args.processes * args.rounds} interleaved rounds of "
+        f"{args.per_round} valid creates ({args.processes} fresh processes x "
+        f"{args.rounds}):"
+    )
+    print(
+        f"  {'contender':<12} {'us/request':>10}  {'vs ceiling':>10}  "
+        f"{'vs plantstore':>13}"
+    )
     for name, (micros, vs_ceiling, vs_plantstore) in micro.items():
-        print(f"  {name:<12} {micros:>10.2f}  {vs_ceiling:>9.2f}x  {vs_plantstore:>12.2f}x")
+        print(
+            f"  {name:<12} {micros:>10.2f}  {vs_ceiling:>9.2f}x  "
+            f"{vs_plantstore:>12.2f}x"
+        )
 
-    stores = bench_stores(args.store_rounds, args.store_per_round,
-                          os.path.join(workdir.name, "inproc.sqlite3"))
-    print(f"\nStores in process, median of {args.store_rounds} interleaved rounds of "
-          f"{args.store_per_round} creates:")
+    stores = bench_stores(
+        args.store_rounds,
+        args.store_per_round,
+        os.path.join(workdir.name, "inproc.sqlite3"),
+    )
+    print(
+        f"\nStores in process, median of {args.store_rounds} interleaved rounds of "
+        f"{args.store_per_round} creates:"
+    )
     for name, (rate, vs_memory) in stores.items():
         print(f"  {name:<12} {rate:>10.0f} creates/s  {vs_memory:>6.3f}x")
 
     if not args.quick:
-        rates, granian = bench_http(args.http_rounds, args.http_seconds, args.connections,
-                                    os.path.join(workdir.name, "http.sqlite3"))
-        print(f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of "
-              f"{args.http_rounds} interleaved {args.http_seconds} s rounds (gunicorn -w 1 "
-              f"--threads 8, gthread; {server_label('granian', 'memory')}):")
-        print(f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  "
-              f"{'non-2xx or errors':>17}")
+        rates, granian = bench_http(
+            args.http_rounds,
+            args.http_seconds,
+            args.connections,
+            os.path.join(workdir.name, "http.sqlite3"),
+        )
+        print(
+            f"\nOver HTTP on loopback, wrk -t1 -c{args.connections}, median of "
+            f"{args.http_rounds} interleaved {args.http_seconds} s rounds (gunicorn "
+            f"-w 1 --threads 8, gthread; {server_label('granian', 'memory')}):"
+        )
+        print(
+            f"  {'server':<24} {'requests/s':>10}  {'vs ceiling':>10}  "
+            f"{'non-2xx or errors':>17}"
+        )
 
-        print("  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)")
-        for kind, label in [("plantstore", "gunicorn plantstore:app"),
-                            ("ceiling", "gunicorn ceiling"),
-                            ("granian", "granian plantstore:app"),
-                            ("granian-ceiling", "granian ceiling"),
-                            ("embedded", "python plantstore.py"),
-                            ("sqlite", "gunicorn -w 4, SQLite")]:
+        print(
+            "  (the SQLite row runs 4 workers x 4 threads: gunicorn -w 4 --threads 4)"
+        )
+        for kind, label in [
+            ("plantstore", "gunicorn plantstore:app"),
+            ("ceiling", "gunicorn ceiling"),
+            ("granian", "granian plantstore:app"),
+            ("granian-ceiling", "granian ceiling"),
+            ("embedded", "python plantstore.py"),
+            ("sqlite", "gunicorn -w 4, SQLite"),
+        ]:
             rps, vs_ceiling, bad = rates[kind]
             print(f"  {label:<24} {rps:>10.0f}  {vs_ceiling:>9.3f}x  {bad:>17}")
-        print(f"  granian plantstore:app: {granian['vs gunicorn']:.2f}x gunicorn plantstore:app, "
-              f"{granian['vs its ceiling']:.3f}x the ceiling app under granian "
-              f"(which is {granian['ceilings']:.2f}x the ceiling under gunicorn); "
-              f"median ratios within a round")
+        print(
+            f"  granian plantstore:app: {granian['vs gunicorn']:.2f}x "
+            f"gunicorn plantstore:app, {granian['vs its ceiling']:.3f}x the ceiling "
+            f"app under granian (which is {granian['ceilings']:.2f}x the ceiling under "
+            f"gunicorn); median ratios within a round"
+        )
 
     per_plant = bench_memory(args.plants)
-    print(f"\nMemory: {per_plant:.0f} bytes per stored plant at {args.plants:,} plants "
-          f"({per_plant * 1e6 / 1e6:.0f} MB per million)")
+    print(
+        f"\nMemory: {per_plant:.0f} bytes per stored plant at {args.plants:,} plants "
+        f"({per_plant * 1e6 / 1e6:.0f} MB per million)"
+    )
     return 0
 
 
