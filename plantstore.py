@@ -1,39 +1,34 @@
 """The Plant Store API in one file, on the Python standard library alone.
 
-``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional
-``tag``) and answers the stored Plant (``name``, ``tag``; no ``id``);
-``GET /plants?limit=N`` answers a page of plants, oldest first, with a ``Link``
-to the next (without ``limit``, every plant, streamed); ``DELETE /plants/{id}``
-removes one; ``GET /health`` tells a load balancer whether the store answers.
-Errors are ``{"error": <status>, "message": ...}``. Every request but the
-health check and ``GET /openapi.json`` needs ``Authorization: Bearer <token>``.
+``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional ``tag``) and
+answers the stored Plant (``name``, ``tag``; no ``id``); ``GET /plants?limit=N`` answers
+a page of plants, oldest first, with a ``Link`` to the next (without ``limit``, every
+plant, streamed); ``DELETE /plants/{id}`` removes one; ``GET /health`` tells a load
+balancer whether the store answers. Errors are ``{"error": <status>, "message": ...}``.
+Every request but the health check and ``GET /openapi.json`` needs a bearer token:
+``Authorization: Bearer <token>``.
 
-The file is in two parts. The core, down to the line "Optional parts", is a
-whole service: the request path and the in-memory store. Below it, each in a
-section of its own that a reader may skip: the SQL stores, webhooks, CORS, the
-OpenAPI document, the embedded server, and the assembly from the environment.
-
-Three ways to run it:
+The file is in two parts. The core, down to the line "Optional parts", is a whole
+service: the request path and the in-memory store. Below it, each in a section of its
+own that a reader may skip: the SQL stores, webhooks, CORS, the OpenAPI document, the
+embedded server, and the assembly from the environment. It runs in three ways:
 
     python plantstore.py [--host H] [--port P]       # the embedded server
-    gunicorn -w 1 --threads 8 plantstore:app          # production, behind nginx
-    (deploy/)
-    make_app(tokens, store=..., max_body_bytes=...)   # inside another WSGI stack
+    gunicorn -w 1 --threads 8 plantstore:app         # production: nginx, deploy/
+    make_app(tokens, store=..., max_body_bytes=...)  # inside another WSGI stack
 
 Settings come from the environment (``python plantstore.py --help`` lists them).
-``PLANTSTORE_TOKENS`` holds the accepted bearer tokens, comma-separated; left
-unset, ``python plantstore.py`` makes up one and prints it once, and
-``gunicorn plantstore:app`` refuses to boot. ``PLANTSTORE_DB`` keeps the plants
-in an SQLite file or in PostgreSQL. Importing this module reads, prints and
-starts nothing.
+``PLANTSTORE_TOKENS`` holds the accepted bearer tokens, comma-separated; left unset,
+``python plantstore.py`` makes up one and prints it once, and ``gunicorn
+plantstore:app`` refuses to boot. ``PLANTSTORE_DB`` keeps the plants in an SQLite file
+or in PostgreSQL. Importing this module reads, prints and starts nothing.
 
-A store is any object with the methods of ``Store`` (``add``, ``page`` and
-``delete``; ``ping`` is optional), such as ``PlantStore``; one that has
+A store is any object with the methods of ``Store``, such as ``PlantStore``; one with
 ``list(limit)`` instead of ``page`` is read through ``PagesFromList``.
 
-The one thing people get wrong: the default ``PlantStore`` lives in the memory
-of one process. Several gunicorn workers would each hold a separate store, so
-run one worker with threads, or set ``PLANTSTORE_DB`` and run several.
+The one thing people get wrong: the default ``PlantStore`` lives in the memory of one
+process. Several gunicorn workers would each hold a separate store, so run one worker
+with threads, or set ``PLANTSTORE_DB`` and run several.
 """
 
 import base64
@@ -47,8 +42,7 @@ from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs, quote
 
-# For the optional parts, below the banner "Optional parts": the core uses none of
-# these.
+# For the optional parts, below the banner "Optional parts": the core uses none.
 import argparse
 import collections
 import concurrent.futures
@@ -72,8 +66,7 @@ import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
-# one line, before anything that needs 3.11 fails with a traceback
-if sys.version_info < (3, 11):
+if sys.version_info < (3, 11):  # one line, not a traceback from code that needs 3.11
     raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
         "plantstore needs Python 3.11 or newer; this is Python "
         + sys.version.split()[0]
@@ -85,24 +78,18 @@ __all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add t
 MAX_BODY_BYTES = 65536  # the default limit of a request body; a larger one answers 413
 MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-# plants in one page; a listing without `limit` streams pages of this size
-PAGE_MAX = 1000
+PAGE_MAX = 1000  # plants in a page; a listing without `limit` streams such pages
 CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Status lines made once: HTTPStatus(status) on every answer cost 5-10% of creates/s
-# under granian.
-_STATUS_LINES = {
-    status.value: f"{status.value} {status.phrase}" for status in HTTPStatus
-}
-# RFC 9110, 15
+# Status lines made once: HTTPStatus(status) per answer cost 5-10% of creates/s.
+_STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
+# the phrase of a status HTTPStatus lacks: its class's name (RFC 9110, section 15)
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
 # ---- Errors: raised anywhere, rendered in one place (Application.__call__) ----
-
-
 class HTTPError(Exception):
     """An error answer: a status, a message for the Error body, extra headers."""
 
@@ -114,18 +101,13 @@ class HTTPError(Exception):
 def unavailable(what):
     """The 503 of a store whose database is away: the client may try again shortly."""
     return HTTPError(
-        503,
-        f"{what} is unavailable; try again shortly",
-        headers=[("Retry-After", str(RETRY_AFTER))],
+        503, f"{what} is unavailable", headers=[("Retry-After", str(RETRY_AFTER))]
     )
 
 
 # ---- Reading a request, in the order the checks run ----
-
-
 def check_bearer(environ, tokens):
-    """Raise 401 unless Authorization is "Bearer <token>" (any case of Bearer), a known
-    token."""
+    """Raise 401 unless Authorization is "Bearer <token>" with a known token."""
     scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     token = token.strip()
     if not token or scheme.lower() != "bearer":
@@ -135,10 +117,8 @@ def check_bearer(environ, tokens):
             headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')],
         )
     matched = False
-    # compare_digest takes ASCII strings only; no other one could match
-    if token.isascii():
-        # each one, in constant time: how long it takes tells nothing
-        for good in tokens:
+    if token.isascii():  # compare_digest takes ASCII only; no other token could match
+        for good in tokens:  # each one, in constant time: the time taken tells nothing
             matched |= compare_digest(token, good)
     if not matched:
         raise HTTPError(
@@ -151,40 +131,28 @@ def check_bearer(environ, tokens):
 
 
 def read_body(environ, limit):
-    """Return the request body, refusing a wrong media type or an oversized body before
-    reading."""
+    """Return the body, refusing a wrong media type or a body over the limit unread."""
     media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
-    # compared whole: text/plain;application/json is not JSON
-    if media_type != JSON_TYPE:
+    if media_type != JSON_TYPE:  # whole: text/plain;application/json is not JSON
         raise HTTPError(
-            415,
-            "Content-Type must be application/json",
-            headers=[("Accept", JSON_TYPE)],
+            415, "send Content-Type: application/json", headers=[("Accept", JSON_TYPE)]
         )
     length = environ.get("CONTENT_LENGTH") or None
     if length is not None:
-        # int() also takes " 7", "+7", "7_0"
-        if not (length.isdigit() and length.isascii()):
+        if not (length.isdigit() and length.isascii()):  # int() takes "+7", "7_0"
             raise HTTPError(400, "Content-Length must be a non-negative integer")
-        # 19 digits are over any limit: no huge int
-        length = int(length.lstrip("0")[:19] or "0")
+        length = int(length.lstrip("0")[:19] or "0")  # 19 digits exceed any limit
         if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
     elif not environ.get("wsgi.input_terminated"):  # PEP 3333: no length, read nothing
-        # a chunked body this server does not frame
-        if environ.get("HTTP_TRANSFER_ENCODING"):
-            raise HTTPError(
-                411,
-                "send the body with a Content-Length: "
-                "this server cannot read a chunked body",
-            )
+        if environ.get("HTTP_TRANSFER_ENCODING"):  # chunked, undecoded by the server
+            raise HTTPError(411, "send a Content-Length; a chunked body cannot be read")
         return b""
     try:  # a body of unknown length: one byte past the limit tells one that is over it
         body = environ["wsgi.input"].read(limit + 1 if length is None else length)
     except TimeoutError:  # the client stalled past the server's timeout
         raise HTTPError(408, "the request body did not arrive in time") from None
-    # the server's stream failed on the client's bytes: a bad chunk, a hang-up
-    except Exception:
+    except Exception:  # the stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
     if length is None and len(body) > limit:
         raise HTTPError(413, f"request body is larger than {limit} bytes")
@@ -194,33 +162,26 @@ def read_body(environ, limit):
 
 
 def read_new_plant(body):
-    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then the NewPlant
-    shape."""
+    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then NewPlant."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise HTTPError(400, "request body is not valid UTF-8") from None
     usual = _USUAL_NEWPLANT.fullmatch(text)
-    # the same answer as the JSON decoder's, for 15% more creates/s under granian
-    if usual:
+    if usual:  # the JSON decoder's answer, for 15% more creates/s under granian
         plant_id, name, tag = usual.groups()
         return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
 
 
-# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag":
-# "indoor"}, or the
-# same without spaces), with no escape and an id of 18 digits at most, has one meaning,
-# which a
-# regular expression reads; any other body goes to the JSON decoder. Each quantifier is
-# possessive
-# (?+ *+, Python 3.11): nothing here needs to backtrack.
-# id: an int64
+# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag": "indoor"}
+# or the same without spaces), with no escape and an id of 18 digits at most, has one
+# meaning, which a regular expression reads; any other body goes to the JSON decoder.
+# Each quantifier is possessive (?+ *+, Python 3.11): nothing here needs to backtrack.
 _USUAL_NEWPLANT = re.compile(
-    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'
+    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
     r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
-    # the end, or tag
-    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'
+    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'  # the end, or tag
 )
 
 
@@ -231,29 +192,22 @@ def decode_json(text):
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError as error:
-        raise HTTPError(
-            400,
-            f"request body is not valid JSON: {error.msg} "
-            f"(line {error.lineno}, column {error.colno})",
-        ) from None
+        raise HTTPError(400, f"request body is not valid JSON: {error}") from None
     except RecursionError:
         raise HTTPError(400, "request body is nested too deeply") from None
-    # int() refuses literals longer than sys.get_int_max_str_digits()
-    except ValueError:
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
         raise HTTPError(400, "request body has an integer too long to read") from None
 
 
 def _json_object(pairs):
-    """Build a JSON object, refusing duplicate keys (RFC 8259 leaves their meaning
-    open)."""
+    """Build a JSON object, refusing duplicate keys, which RFC 8259 leaves undefined."""
     if len(obj := dict(pairs)) != len(pairs):
         raise HTTPError(400, "request body has a duplicate key in an object")
     return obj
 
 
 def _json_number(text):
-    """Keep a number with a fraction or exponent exact: 9223372036854775807.0 is an
-    integer."""
+    """Keep a fraction or an exponent exact: 9223372036854775807.0 is an integer."""
     try:
         return Decimal(text)
     except ArithmeticError:  # an exponent beyond even Decimal's range
@@ -261,11 +215,8 @@ def _json_number(text):
 
 
 def _json_constant(_name):
-    """Refuse NaN, Infinity and -Infinity, which Python's json takes and RFC 8259 does
-    not."""
-    raise HTTPError(
-        400, "request body is not valid JSON: NaN and Infinity are not JSON numbers"
-    )
+    """Refuse NaN, Infinity, -Infinity: Python's json takes them, RFC 8259 does not."""
+    raise HTTPError(400, "request body is not valid JSON: it has NaN or Infinity")
 
 
 _DECODER = json.JSONDecoder(
@@ -276,8 +227,7 @@ _DECODER = json.JSONDecoder(
 
 
 def parse_new_plant(document):
-    """Return (id, name, tag) from a NewPlant, or raise a 400 naming the field and the
-    rule."""
+    """Return (id, name, tag) from a NewPlant; a 400 names the field and the rule."""
     if type(document) is not dict:
         raise HTTPError(400, "request body must be a JSON object (a NewPlant)")
     for field in "id", "name":
@@ -296,23 +246,19 @@ def parse_new_plant(document):
 
 
 def as_integer(value, name, low=INT64_MIN, high=INT64_MAX, kind="int64"):
-    """Return value as an int from low to high, JSON Schema's way: 7.0 is 7, true is no
-    integer."""
+    """Return value as an int from low to high, as JSON Schema has it: 7.0, not true."""
     if type(value) is not int:
         if not (type(value) is Decimal and value == value.to_integral_value()):
             raise HTTPError(400, f"'{name}' must be an integer")
         if low <= value <= high:  # compared first: 1e400 never becomes a huge int
             value = int(value)
     if not low <= value <= high:
-        raise HTTPError(
-            400, f"'{name}' must be an integer from {low} to {high} ({kind})"
-        )
+        raise HTTPError(400, f"'{name}' must be an integer, {low} to {high} ({kind})")
     return value
 
 
 def url_integer(text, name, *limits):
-    """Read an integer in the path or the query as a JSON number, as in a body: 7 and
-    7.0 alike."""
+    """Read an integer in the path or query as a JSON number, as in a body: 7 or 7.0."""
     try:
         value = Decimal(text) if _JSON_NUMBER.fullmatch(text) else None
     except ArithmeticError:  # an exponent beyond even Decimal's range
@@ -324,8 +270,7 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 
 
 def query_page(environ):
-    """Return `limit` (None, or an integer from 0 to INT32_MAX) and `after` (None, or a
-    key)."""
+    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's key)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     limit, after = query.get("limit"), query.get("after")
     for name, values in ("limit", limit), ("after", after):
@@ -335,9 +280,7 @@ def query_page(environ):
         limit = url_integer(limit[0], "limit", 0, INT32_MAX, "int32")
     if after is not None:
         if not _CURSOR.fullmatch(after[0]):
-            raise HTTPError(
-                400, "'after' must be a cursor from a Link header of this service"
-            )
+            raise HTTPError(400, "'after' must be a cursor from a Link header")
         after = int.from_bytes(
             base64.urlsafe_b64decode(after[0] + "="), "big", signed=True
         )
@@ -357,28 +300,19 @@ _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 
 
 # ---- The store interface, and the in-memory store ----
-
-
 class Store:
-    """What the application asks of a store. Any object with add, page and delete will
-    do; ping
-    and list have defaults here. `tag` is None when a plant has none. A store whose
-    database is
-    away raises HTTPError(503, ..., headers=[("Retry-After", ...)]): see
-    unavailable()."""
+    """What the application asks of a store: any object with add, page and delete will
+    do. `tag` is None for no tag; a database away raises unavailable(...), a 503."""
 
     required = ("add", "page", "delete")
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never
-        overwrite."""
+        """Store a plant; return True, or False if its id is taken: never overwrite."""
         raise NotImplementedError
 
     def page(self, after, limit):
-        """Up to `limit` (key, name, tag) of the plants created after the one whose key
-        is
-        `after` (None: from the oldest), oldest first; a key is an int64 that grows with
-        them."""
+        """Up to `limit` (key, name, tag), oldest first, of the plants created after key
+        `after` (None: from the oldest); a key is an int64, larger for newer plants."""
         raise NotImplementedError
 
     def delete(self, plant_id):
@@ -386,8 +320,7 @@ class Store:
         raise NotImplementedError
 
     def ping(self):
-        """The health check's question: raise HTTPError(503) if the store cannot
-        answer."""
+        """The health check: raise HTTPError(503) if the store cannot answer."""
         self.page(None, 1)
 
     def list(self, limit=None):
@@ -397,9 +330,8 @@ class Store:
 
 
 class PagesFromList(Store):
-    """A store that has list(limit) instead of page(): each page reads the whole list,
-    and its
-    keys are positions, so a plant deleted between two pages shifts the next one."""
+    """A store with list(limit) instead of page(): each page reads the whole list, and
+    its keys are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
         self.store = store
@@ -409,8 +341,7 @@ class PagesFromList(Store):
         )
 
     def page(self, after, limit):
-        # the key is the position in the list; any cursor may come
-        start = max(after or 0, 0)
+        start = max(after or 0, 0)  # keys are list positions; any cursor may come
         plants = self.store.list(None)[start : start + limit]
         return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
@@ -418,29 +349,20 @@ class PagesFromList(Store):
 class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant gets a slot, numbered in creation order: its seq, the key of its page.
-    Names and
-    tags sit in chunks of CHUNK slots, and a dict maps each id to its seq. A page starts
-    at the
-    chunk and index its seq gives, so it costs what it holds however large the store is;
-    a chunk
-    with no plant left is dropped whole. A full chunk becomes a tuple of strings, which
-    the
-    garbage collector stops tracking, so no collection walks a store of millions of
-    plants.
+    Each plant gets a seq, its slot in creation order and the key of its page. Names and
+    tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts at
+    its seq's chunk and slot: it costs what it holds, however large the store. An empty
+    chunk is dropped; a full one becomes a tuple, which the garbage collector ignores.
     """
 
     def __init__(self):
         self._seq = {}  # id: seq, for the plants that exist
-        # chunks: the last a list, tuples once full, or None
-        self._names, self._tags = [[]], [[]]
-        # no plant has a seq below _first; the next one gets _next
-        self._first = self._next = 0
+        self._names, self._tags = [[]], [[]]  # chunks: last a list, else tuple or None
+        self._first = self._next = 0  # seqs below _first are gone; the next is _next
         self._lock = threading.Lock()
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never
-        overwrite."""
+        """Store a plant; return True, or False if its id is taken: never overwrite."""
         with self._lock:
             if plant_id in self._seq:
                 return False
@@ -448,8 +370,7 @@ class PlantStore(Store):
             self._names[-1].append(name)
             self._tags[-1].append(tag)
             self._next += 1
-            # the last chunk is full: sealed, and a new one opened
-            if self._next % CHUNK == 0:
+            if self._next % CHUNK == 0:  # the last chunk full: sealed, a new one opened
                 self._names[-1], self._tags[-1] = (
                     tuple(self._names[-1]),
                     tuple(self._tags[-1]),
@@ -459,13 +380,11 @@ class PlantStore(Store):
             return True
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after the one with seq
-        `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
         with self._lock:
             plants = []
             start = self._first if after is None else max(after + 1, self._first)
-            # the chunk, and the slot in it, to start from
-            number, first = divmod(start, CHUNK)
+            number, first = divmod(start, CHUNK)  # the chunk and slot to start from
             while len(plants) < limit and number < len(self._names):
                 names, tags = self._names[number], self._tags[number]
                 for index in range(first, 0 if names is None else len(names)):
@@ -485,19 +404,16 @@ class PlantStore(Store):
             if seq is None:
                 return False
             number, index = divmod(seq, CHUNK)
-            # the open chunk, a list: changed in place
-            if number == len(self._names) - 1:
+            if number == len(self._names) - 1:  # open chunk, a list: changed in place
                 self._names[number][index] = self._tags[number][index] = None
-            # a full chunk, a tuple: made anew, or dropped when no plant is left in it
-            else:
+            else:  # a full chunk, a tuple: made anew, or dropped when empty
                 names, tags = list(self._names[number]), list(self._tags[number])
                 names[index] = tags[index] = None
                 emptied = names.count(None) == CHUNK  # no plant left in it
                 self._names[number] = None if emptied else tuple(names)
                 self._tags[number] = None if emptied else tuple(tags)
             while self._first < self._next and not self._holds(self._first):
-                # deleting the oldest leaves pages nothing to walk over
-                self._first += 1
+                self._first += 1  # so pages never walk over deleted oldest plants
             return True
 
     def _holds(self, seq):
@@ -507,17 +423,13 @@ class PlantStore(Store):
 
 # ---- Writing an answer ----
 
-# json's own C routine for one string, ASCII-escaped, so that a lone surrogate cannot
-# break the
-# encoding: writing the two shapes around it is several times faster than json.dumps()
-# of a dict.
+# json's own C routine for one string, ASCII-escaped (a lone surrogate cannot break the
+# encoding): writing the shapes around it is several times faster than json.dumps().
 _quote = json.encoder.encode_basestring_ascii
 
 
 def plant_json(name, tag):
-    """The Plant shape: name, and tag only when the plant has one; never the id, which
-    the
-    specification's Plant does not have."""
+    """The Plant shape: name, and tag if it has one; never the id, which Plant lacks."""
     if tag is None:
         return f'{{"name": {_quote(name)}}}'.encode()
     return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode()
@@ -529,15 +441,9 @@ def error_json(status, message):
 
 
 def stream_plants(read_page, plants):
-    """Yield one JSON array of `plants`, a first page, and of every plant after them,
-    reading
-    each next page with read_page(after, limit) only once the one before is sent.
-
-    The 200 is sent before the second page is read: if the store fails then, the error
-    goes up
-    to the server, which cuts the answer short, so the client never takes it for a whole
-    list.
-    """
+    """Yield one JSON array of `plants`, a first page, and every plant after them: each
+    next page is read only once the one before is sent, so a store that fails after the
+    200 makes the server cut the answer short: no client takes it for a whole list."""
     yield b"["
     comma = b""
     while plants:
@@ -548,17 +454,11 @@ def stream_plants(read_page, plants):
 
 
 # ---- The WSGI application ----
-
-
 class Application:
-    """The Plant Store API as a WSGI application (PEP 3333), accepting the given bearer
-    tokens.
+    """The Plant Store API as a WSGI application (PEP 3333) for the given bearer tokens.
 
-    `routes` maps each path to its methods' operations, declared by route().
-    `on_create(plant_id,
-    name, tag)`, when set, is called after each plant is created. The optional parts
-    below add
-    routes and wrap the application.
+    `routes` maps each path to its methods' operations, declared by route(); on_create,
+    when set, is called with (plant_id, name, tag) after each create.
     """
 
     def __init__(self, tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
@@ -566,9 +466,7 @@ class Application:
             raise TypeError("tokens must be a list of strings, not one string")
         self.tokens = list(tokens)
         if not self.tokens:
-            raise ValueError(
-                "tokens must not be empty: plantstore never runs without them"
-            )
+            raise ValueError("tokens must not be empty: plantstore needs one")
         if not all(
             isinstance(token, str)
             and token.isascii()
@@ -585,15 +483,12 @@ class Application:
         if type(max_body_bytes) is not int or max_body_bytes < 0:
             raise ValueError("max_body_bytes must be a non-negative integer")
         store = PlantStore() if store is None else store
-        # the interface before page()
         if not hasattr(store, "page") and hasattr(store, "list"):
             store = PagesFromList(store)
         self.store = store
         for method in Store.required:
             if not callable(getattr(self.store, method, None)):
-                raise TypeError(
-                    f"the store has no {method}() method: see plantstore.Store"
-                )
+                raise TypeError(f"the store has no {method}() method: see Store")
         self.max_body_bytes, self.on_create, self.routes = max_body_bytes, None, {}
         self.route("GET", "/plants", self.list_plants, "listPlants")
         self.route("POST", "/plants", self.add_plant, "addPlant")
@@ -601,25 +496,18 @@ class Application:
         self.route("GET", "/health", self.check_health, "checkHealth", token=False)
 
     def route(self, method, path, handler, operation_id, *, token=True):
-        """Declare an operation once: routing, Allow, HEAD and the served document
-        follow. A
-        handler takes the environ and the {id} of /plants/{id} (None elsewhere) and
-        returns
-        (status, body, headers), or raises HTTPError; operation_id names it in
-        OpenAPI."""
+        """Declare an operation once: routing, Allow, HEAD and the document follow.
+        handler(environ, {id} of /plants/{id} or None) gives (status, body, headers)."""
         self.routes.setdefault(path, {})[method] = handler, operation_id, token
 
     def __call__(self, environ, start_response):
-        """Answer one request: JSON (a 204: nothing), HEAD without its body; no
-        exception escapes
-        but a streamed listing's own, once its 200 is sent (see stream_plants)."""
+        """Answer a request; only a stream's exception escapes, once its 200 is sent."""
         try:
             try:
                 status, body, headers = self.respond(environ)
             except HTTPError as error:
                 if type(error.status) is not int or not 200 <= error.status <= 599:
-                    # 1xx is no final answer, and 600 no status at all: a 500, logged
-                    raise
+                    raise  # 1xx is no final answer, 600 no status at all: a 500, logged
                 status, headers = error.status, error.headers
                 body = error_json(status, error.message)
         except Exception:
@@ -639,10 +527,8 @@ class Application:
         start_response(
             _STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers
         )
-        # the headers GET would have, and no body
-        if environ["REQUEST_METHOD"] == "HEAD":
-            # a stream read its first page, no more
-            getattr(body, "close", lambda: None)()
+        if environ["REQUEST_METHOD"] == "HEAD":  # GET's headers, and no body
+            getattr(body, "close", lambda: None)()  # a stream read its first page only
             return []
         return body
 
@@ -661,14 +547,11 @@ class Application:
             allow = ", ".join(sorted(allowed))
             if method != "OPTIONS":
                 raise HTTPError(
-                    405,
-                    f"method not allowed here; allowed: {allow}",
-                    headers=[("Allow", allow)],
+                    405, f"method not allowed; use {allow}", headers=[("Allow", allow)]
                 )
             if plant_id is not None:
                 url_integer(plant_id, "id")  # /plants/abc is no plant's path
-            # no token: a browser's preflight has none
-            return 204, b"", [("Allow", allow)]
+            return 204, b"", [("Allow", allow)]  # no token: a preflight has none
         handler, _, token = operation
         if token:
             check_bearer(environ, self.tokens)
@@ -685,12 +568,10 @@ class Application:
     def list_plants(self, environ, _):
         limit, after = query_page(environ)
         read_page = self.store.page
-        # every plant, a page at a time: memory does not grow with the store
-        if limit is None:
+        if limit is None:  # all, a page at a time: memory does not grow with the store
             return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), []
         size = min(limit, PAGE_MAX)
-        # one more than answered: more?
-        plants, headers = read_page(after, size + 1), []
+        plants, headers = read_page(after, size + 1), []  # one extra: is there more?
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
@@ -707,14 +588,12 @@ class Application:
         return 204, b"", []
 
     def check_health(self, _environ, _):
-        """200 while the store answers a cheap question; its 503 when not. It names no
-        database."""
+        """200 if the store answers a cheap query, else its 503, naming no database."""
         getattr(self.store, "ping", lambda: Store.ping(self.store))()
         return 200, b'{"status": "ok"}', []
 
 
-# ---- Optional parts: each section below plugs into the core above, which never names
-# them
+# ---- Optional parts: each section below plugs into the core, which never names them
 
 # the settings' names
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
@@ -754,25 +633,18 @@ class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
     One class over two DB-API drivers, as peewee does it: the SQL is written once, with
-    named
-    parameters, and each engine's differences (connecting, its DDL, its placeholders,
-    the errors
-    that mean "the database is away") are the few lines of its subclass. Each process
-    holds at
-    most POOL_SIZE connections, whatever the number of its threads or clients; a
-    connection is
-    made when none is free and dropped on its first error. While the database cannot be
-    reached,
-    requests answer 503 with Retry-After, and once it is back they succeed again, with
-    no
-    restart. The outage is logged once, and so is its end.
+    named parameters, and each engine's differences (connecting, its DDL, its
+    placeholders, the errors that mean "the database is away") are the few lines of its
+    subclass. Each process holds at most POOL_SIZE connections, whatever the number of
+    its threads or clients; a connection is made when none is free and dropped on its
+    first error. While the database cannot be reached, requests answer 503 with
+    Retry-After, and once it is back they succeed again, with no restart. The outage is
+    logged once, and so is its end.
 
     The creates that wait at one moment in a process share one transaction and one flush
-    to
-    disk (group commit), where each create alone would pay its own: one of them writes
-    them all.
-    There is no timer and no thread: a create that comes alone is written at once, by
-    its own.
+    to disk (group commit), where each create alone would pay its own: one of them
+    writes them all. There is no timer and no thread: a create that comes alone is
+    written at once, by its own.
     """
 
     INSERT = (
@@ -811,9 +683,8 @@ class SQLStore(Store):
 
     def open_at_start(self):
         """Make the tables now, so that a database plantstore cannot use stops the
-        start. No
-        connection is kept: a server may fork next, and a connection must not follow a
-        fork."""
+        start. No connection is kept: a server may fork next, and a connection must not
+        follow a fork."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
             # no watchdog here: it would be a thread in a server's master
@@ -824,12 +695,10 @@ class SQLStore(Store):
 
     def add(self, plant_id, name, tag):
         """Store the plant and return True, or return False if the id is taken; never
-        overwrite.
-        The creates waiting at one moment share a commit: the first that finds no batch
-        being
-        written writes every create queued then, its own among them, and the others wait
-        for
-        its answer, or for their turn. A 200 means committed, within DB_WAIT_SECONDS."""
+        overwrite. The creates waiting at one moment share a commit: the first that
+        finds no batch being written writes every create queued then, its own among
+        them, and the others wait for its answer, or for their turn. A 200 means
+        committed, within DB_WAIT_SECONDS."""
         # its result: whether the plant was created
         create = concurrent.futures.Future()
         create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
@@ -861,8 +730,7 @@ class SQLStore(Store):
         return create.result()  # a failed batch raises its 503 here
 
     def _next_batch(self):
-        """The creates queued now, oldest first, up to the bounds, and still waited
-        for."""
+        """The creates queued now, oldest first, within the bounds, still waited for."""
         batch, size = [], 0
         while (
             self._queue
@@ -920,8 +788,8 @@ class SQLStore(Store):
 
     def ping(self):
         """The health check's question, one in flight per process at most: the checks
-        that come
-        while it is asked share its answer. None waits past HEALTH_WAIT_SECONDS."""
+        that come while it is asked share its answer. None waits past
+        HEALTH_WAIT_SECONDS."""
         arrived = time.monotonic()
         if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
             raise unavailable("the database")
@@ -958,10 +826,9 @@ class SQLStore(Store):
 
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
         """Return work(run) on a connection of this process, in one transaction if
-        asked, where
-        run(sql, **parameters) runs one statement and returns its rows. All of it,
-        connecting
-        included, ends within `wait` seconds; the database away, or too slow: 503."""
+        asked, where run(sql, **parameters) runs one statement and returns its rows. All
+        of it, connecting included, ends within `wait` seconds; the database away, or
+        too slow: 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
@@ -1044,8 +911,7 @@ class SQLStore(Store):
 
     def setup(self, execute):
         """Make the tables unless they exist; refuse a 'plants' table plantstore did not
-        make.
-        execute(sql) runs one statement and returns its cursor."""
+        make. execute(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
             execute(statement)
         rows = execute("SELECT * FROM plants LIMIT 0")
@@ -1123,8 +989,7 @@ class SQLiteStore(SQLStore):
             ) from None
 
     def connect(self, deadline):
-        """A connection to the file, which must exist: a deleted one is not made
-        anew."""
+        """A connection to the file, which must exist: a deleted file is not remade."""
         db = sqlite3.connect(
             f"file:{quote(self.path)}?mode=rw",
             uri=True,
@@ -1163,10 +1028,8 @@ class _WriteQueue:
     done.
 
     SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a
-    writer could
-    wait far longer than the others. A lock per process, then an flock(2) on a file
-    beside the
-    database, queue them instead.
+    writer could wait far longer than the others. A lock per process, then an flock(2)
+    on a file beside the database, queue them instead.
     """
 
     def __init__(self, path):
@@ -1200,12 +1063,9 @@ class PostgresStore(SQLStore):
 
     No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
     keepalives notice a silent host, and a watchdog shuts the connection of a statement
-    still
-    running at its request's deadline (a commit held by a synchronous standby that is
-    gone, say).
-    That request answers 503, even if PostgreSQL went on to commit it: retried, the
-    create
-    answers 200 or 409.
+    still running at its request's deadline (a commit held by a synchronous standby that
+    is gone, say). That request answers 503, even if PostgreSQL went on to commit it:
+    retried, the create answers 200 or 409.
     """
 
     EVENTS = (
@@ -1216,11 +1076,9 @@ class PostgresStore(SQLStore):
         " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
     )
     # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
-    # in
-    # PostgreSQL, so they make the tables one at a time, under a lock. It also asks for
-    # CREATE
-    # on the schema even when the table exists: a role given the tables must not try to
-    # make them.
+    # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
+    # for CREATE on the schema even when the table exists: a role given the tables must
+    # not try to make them.
     schema = (
         "BEGIN",
         "SELECT pg_advisory_xact_lock(7274)",
@@ -1275,8 +1133,7 @@ class PostgresStore(SQLStore):
             # The database is away at start: waited for, as any outage is.
 
     # What plantstore's own tables hold (pgloader or psql may make others): seq and id
-    # are
-    # unique and never NULL, and so a name is never NULL.
+    # are unique and never NULL, and so a name is never NULL.
     COLUMNS = (
         "SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
         " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
@@ -1384,8 +1241,7 @@ class PostgresStore(SQLStore):
 
 def postgres_settings(conninfo):
     """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
-    messages
-    name it: a URL made anew from those parameters, without the password."""
+    messages name it: a URL made anew from those parameters, without the password."""
     try:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
@@ -1450,30 +1306,19 @@ class WebhookSender:
     Webhooks says.
 
     Every event waits in an outbox, the plant_events table, until its receiver answers
-    2xx. With a
-    SQL store that table is written in the plant's own transaction, so a 200 means at
-    least one
-    delivery, across crashes and restarts; several workers may deliver one event, and
-    receivers
-    deduplicate by webhook-id. With the in-memory store the table is in an SQLite
-    database in the
-    memory of the sender's thread: best effort, lost with the process, and at most
-    MAX_WAITING
-    events or MAX_WAITING_BYTES. The sender starts with the first request a process
-    serves. Its
-    thread claims due events, at most PER_URL at once for each receiver, and hands them
-    to a pool
-    that POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver
-    does, so a
-    slow receiver holds up no other, and no create waits for any. A failed attempt is
-    retried on
-    SCHEDULE, with jitter. While a receiver gives no answer (or its gateway answers
-    502-504), its
-    oldest event alone is tried, every PROBE_SECONDS; once one gets through, the others
-    follow at
-    once. A URL that answers 410, or is no longer configured, gets nothing more: its
-    events are
-    dropped.
+    2xx. With a SQL store that table is written in the plant's own transaction, so a 200
+    means at least one delivery, across crashes and restarts; several workers may
+    deliver one event, and receivers deduplicate by webhook-id. With the in-memory store
+    the table is in an SQLite database in the memory of the sender's thread: best
+    effort, lost with the process, and at most MAX_WAITING events or MAX_WAITING_BYTES.
+    The sender starts with the first request a process serves. Its thread claims due
+    events, at most PER_URL at once for each receiver, and hands them to a pool that
+    POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver does,
+    so a slow receiver holds up no other, and no create waits for any. A failed attempt
+    is retried on SCHEDULE, with jitter. While a receiver gives no answer (or its
+    gateway answers 502-504), its oldest event alone is tried, every PROBE_SECONDS; once
+    one gets through, the others follow at once. A URL that answers 410, or is no longer
+    configured, gets nothing more: its events are dropped.
     """
 
     # seconds before a retry
@@ -1488,9 +1333,8 @@ class WebhookSender:
         " VALUES (:url, :webhook_id, :body, 0)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the
-    # URL's due events, or, to probe a receiver that gave no answer, its oldest (due:
-    # any time).
+    # the URL's due events, or, to probe a receiver that gave no answer, its oldest
+    # (due: any time).
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
@@ -1523,9 +1367,8 @@ class WebhookSender:
 
     def start_here(self):
         """Start sending in this process unless it does already: a server may fork after
-        building
-        the app (gunicorn --preload), and neither threads nor a database follow a
-        fork."""
+        building the app (gunicorn --preload), and neither threads nor a database follow
+        a fork."""
         if self._pid != os.getpid():
             with self._lock:
                 if self._pid != os.getpid():
@@ -1671,9 +1514,8 @@ class WebhookSender:
 
     def _cut_late_attempts(self):
         """Close the connection of each attempt past its TIMEOUT: urllib's and
-        http.client's
-        timeouts bound each read, and a receiver that trickles bytes would never reach
-        one."""
+        http.client's timeouts bound each read, and a receiver that trickles bytes would
+        never reach one."""
         for connection, deadline in list(self._attempts.items()):
             if time.monotonic() > deadline:
                 with contextlib.suppress(AttributeError, OSError):
@@ -1759,8 +1601,7 @@ class WebhookSender:
 
 def check_webhook_url(url):
     """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it
-    can be
-    delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
+    can be delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
         parts = urlsplit(url)
         good = (
@@ -1797,10 +1638,9 @@ class _FinalResponse(http.client.HTTPResponse):
 
 def with_webhooks(application, sender):
     """The application, starting the sender in the process that serves, at its first
-    request if
-    not before: events that wait in a SQL outbox go at once from a process forked after
-    the app
-    was built (gunicorn --preload's workers), and see built_in_a_worker() and main()."""
+    request if not before: events that wait in a SQL outbox go at once from a process
+    forked after the app was built (gunicorn --preload's workers), and see
+    built_in_a_worker() and main()."""
 
     def serve(environ, start_response):
         sender.start_here()
@@ -1816,8 +1656,8 @@ def with_webhooks(application, sender):
 
 def built_in_a_worker():
     """Whether a server is building the app in the worker process that serves it
-    (granian's
-    workers, gunicorn's without --preload), not in a master that forks workers next."""
+    (granian's workers, gunicorn's without --preload), not in a master that forks
+    workers next."""
     frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
     while frame and not (
         frame.f_code.co_name == "load_wsgi"
@@ -1890,9 +1730,8 @@ def with_cors(application, origins):
     sends Origin).
 
     Every answer varies with Origin. An answer to a listed origin may be read by its
-    page; to its
-    preflight (OPTIONS with Access-Control-Request-Method) the core's Allow is what it
-    may send.
+    page; to its preflight (OPTIONS with Access-Control-Request-Method) the core's Allow
+    is what it may send.
     """
 
     def cors(environ, start_response):
@@ -1928,10 +1767,9 @@ def with_cors(application, origins):
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
 # The document as it is served, but for `servers`, which says where the application is
-# mounted.
-# HEAD and OPTIONS are not operations in it, though every route answers them
-# (docs/http.md): a
-# client has nothing to call there. 405 is left out for the same reason.
+# mounted. HEAD and OPTIONS are not operations in it, though every route answers them
+# (docs/http.md): a client has nothing to call there. 405 is left out for the same
+# reason.
 OPENAPI = json.loads(
     """{
   "openapi": "3.1.0",
@@ -2232,9 +2070,8 @@ OPENAPI = json.loads(
 
 def serve_document(application):
     """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token.
-    Each
-    operation's operationId, and `security: []` where it needs no token, come from its
-    route."""
+    Each operation's operationId, and `security: []` where it needs no token, come from
+    its route."""
     application.route(
         "GET",
         "/openapi.json",
@@ -2265,9 +2102,8 @@ CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 class _ServerHandler(ServerHandler):
     def finish_content(self):
         # wsgiref gives every answer without a body "Content-Length: 0": RFC 9110
-        # forbids it on
-        # a 204 (8.6), and on HEAD it would contradict a GET that streams a body of no
-        # set length.
+        # forbids it on a 204 (8.6), and on HEAD it would contradict a GET that streams
+        # a body of no set length.
         if not self.headers_sent and (
             self.status.startswith("204") or self.environ["REQUEST_METHOD"] == "HEAD"
         ):
@@ -2360,9 +2196,8 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def shutdown_request(self, request):
         # Send our FIN, then drain what the client still sends (an unread body, say):
-        # closing with
-        # unread bytes resets the connection, and the client would lose the answer it
-        # was sent.
+        # closing with unread bytes resets the connection, and the client would lose the
+        # answer it was sent.
         try:
             request.shutdown(socket.SHUT_WR)
             request.settimeout(self.linger_seconds)
@@ -2402,11 +2237,9 @@ def make_app(
     """Return the WSGI application (PEP 3333) that accepts the given bearer tokens.
 
     It is the core's Application, serving the OpenAPI document too. With webhook_urls,
-    each new
-    plant is also POSTed to every one of them, signed with webhook_secret (see
-    WebhookSender);
-    the `webhook_sender` attribute is the sender. cors_origins lists the origins
-    (https://example.org) whose browser pages may call it (see with_cors).
+    each new plant is also POSTed to every one of them, signed with webhook_secret (see
+    WebhookSender); the `webhook_sender` attribute is the sender. cors_origins lists the
+    origins (https://example.org) whose browser pages may call it (see with_cors).
     """
     application = Application(tokens, store, max_body_bytes)
     serve_document(application)
@@ -2466,9 +2299,8 @@ def options_from_environ(environ=os.environ):
 
 def store_from_environ(environ=os.environ):
     """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a
-    PostgreSQL URL,
-    a libpq string, an SQLite file's path; or None (in memory). The value is never
-    quoted."""
+    PostgreSQL URL, a libpq string, an SQLite file's path; or None (in memory). The
+    value is never quoted."""
     value = environ.get(DB_VARIABLE, "").strip()
     problem = db_mistake(value)
     if problem:
