@@ -4,9 +4,8 @@
 answers the stored Plant (``name``, ``tag``; no ``id``); ``GET /plants?limit=N`` answers
 a page of plants, oldest first, with a ``Link`` to the next (without ``limit``, every
 plant, streamed); ``DELETE /plants/{id}`` removes one; ``GET /health`` tells a load
-balancer whether the store answers. Errors are ``{"error": <status>, "message": ...}``.
-Every request but the health check and ``GET /openapi.json`` needs a bearer token:
-``Authorization: Bearer <token>``.
+balancer if the store answers. All but ``GET /health`` and ``GET /openapi.json`` need
+``Authorization: Bearer <token>``. Errors are ``{"error": <status>, "message": ...}``.
 
 The file is in two parts. The core, down to the line "Optional parts", is a whole
 service: the request path and the in-memory store. Below it, each in a section of its
@@ -42,8 +41,7 @@ from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs, quote
 
-# For the optional parts, below the banner "Optional parts": the core uses none.
-import argparse
+import argparse  # this import and those below serve the optional parts, not the core
 import collections
 import concurrent.futures
 import contextlib
@@ -83,9 +81,8 @@ CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Status lines made once: HTTPStatus(status) per answer cost 5-10% of creates/s.
+# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s. Classes: RFC 9110
 _STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
-# the phrase of a status HTTPStatus lacks: its class's name (RFC 9110, section 15)
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
@@ -174,10 +171,9 @@ def read_new_plant(body):
     return parse_new_plant(decode_json(text))
 
 
-# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag": "indoor"}
-# or the same without spaces), with no escape and an id of 18 digits at most, has one
-# meaning, which a regular expression reads; any other body goes to the JSON decoder.
-# Each quantifier is possessive (?+ *+, Python 3.11): nothing here needs to backtrack.
+# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
+# with or without spaces, with no escape and an id of 18 digits at most, has one
+# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
 _USUAL_NEWPLANT = re.compile(
     r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
     r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
@@ -423,8 +419,7 @@ class PlantStore(Store):
 
 # ---- Writing an answer ----
 
-# json's own C routine for one string, ASCII-escaped (a lone surrogate cannot break the
-# encoding): writing the shapes around it is several times faster than json.dumps().
+# json's C routine, ASCII-escaped (a lone surrogate is safe): far faster than dumps()
 _quote = json.encoder.encode_basestring_ascii
 
 
