@@ -2423,6 +2423,39 @@ more: README.md, or python -m pydoc plantstore"""
 
 def main(argv=None):
     """Run the embedded server: python plantstore.py [--host H] [--port P]."""
+    args = _parser().parse_args(argv)
+    try:
+        tokens = tokens_from_environ()
+        if tokens is None:
+            tokens = [secrets.token_urlsafe(32)]
+            _log(
+                f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: "
+                + tokens[0]
+            )
+        application = app_from_environ(tokens=tokens)
+        server = make_server(args.host, args.port, application)
+    except ValueError as error:  # a bad setting: one line, and no server starts
+        _log(str(error))
+        return 2
+    except (OSError, OverflowError) as error:
+        _log(f"cannot listen on {args.host}:{args.port}: {error}")
+        return 2
+    with server:
+        for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C, and how systemd stops it
+            signal.signal(stop, _interrupt)  # SIGINT too: background jobs ignore it
+        try:
+            host, port = server.server_address[:2]
+            _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+            if application.webhook_sender:  # this process serves: old events go now
+                application.webhook_sender.start_here()
+            server.serve_forever()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
+            server.finish(server.client_timeout)
+    return 0
+
+
+def _parser():
+    """The command line: --host, --port and --version; --help lists the settings too."""
     parser = argparse.ArgumentParser(
         prog="plantstore",
         description="Serve the Plant Store API.",
@@ -2438,39 +2471,7 @@ def main(argv=None):
     parser.add_argument(
         "--version", action="version", version=f"plantstore {__version__}"
     )
-    args = parser.parse_args(argv)
-    try:
-        tokens = tokens_from_environ()
-        if tokens is None:
-            tokens = [secrets.token_urlsafe(32)]
-            _log(
-                f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: "
-                + tokens[0]
-            )
-        application = app_from_environ(tokens=tokens)
-        server = make_server(args.host, args.port, application)
-    # a bad setting: said in one line, and the server does not start
-    except ValueError as error:
-        _log(str(error))
-        return 2
-    except (OSError, OverflowError) as error:
-        _log(f"cannot listen on {args.host}:{args.port}: {error}")
-        return 2
-    with server:
-        # Ctrl-C; how systemd and containers stop it
-        for stop in signal.SIGINT, signal.SIGTERM:
-            # SIGINT too: a shell's background job ignores it
-            signal.signal(stop, _interrupt)
-        try:
-            host, port = server.server_address[:2]
-            _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-            # this process serves: events from before go now
-            if application.webhook_sender:
-                application.webhook_sender.start_here()
-            server.serve_forever()
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
-            server.finish(server.client_timeout)
-    return 0
+    return parser
 
 
 def _interrupt(_signum, _frame):
