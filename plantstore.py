@@ -677,9 +677,8 @@ class SQLStore(Store):
         self._writing = None
 
     def open_at_start(self):
-        """Make the tables now, so that a database plantstore cannot use stops the
-        start. No connection is kept: a server may fork next, and a connection must not
-        follow a fork."""
+        """Make the tables now: a database plantstore cannot use stops the start. No
+        connection is kept: a server may fork next, and a fork must not carry one."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
             # no watchdog here: it would be a thread in a server's master
@@ -689,11 +688,13 @@ class SQLStore(Store):
             self._close(db)
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never
-        overwrite. The creates waiting at one moment share a commit: the first that
-        finds no batch being written writes every create queued then, its own among
-        them, and the others wait for its answer, or for their turn. A 200 means
-        committed, within DB_WAIT_SECONDS."""
+        """Store a plant; return True, or False if its id is taken: never overwrite.
+
+        The creates waiting at one moment share a commit: the first that finds no batch
+        being written writes every create queued then, its own among them, and the
+        others wait for its answer, or for their turn. A 200 means committed, within
+        DB_WAIT_SECONDS.
+        """
         # its result: whether the plant was created
         create = concurrent.futures.Future()
         create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
@@ -737,8 +738,7 @@ class SQLStore(Store):
         return [create for create in batch if create.set_running_or_notify_cancel()]
 
     def _write_batch(self, batch):
-        """Write one batch, the plants and their events, in one commit, and answer each
-        create."""
+        """Write a batch, its plants and events, in one commit; answer each create."""
         if not batch:  # every create of it was given up
             return
 
@@ -774,17 +774,15 @@ class SQLStore(Store):
                 create.set_result(new)
 
     def insert(self, run, plants):
-        """Insert (id, name, tag) rows in order; whether each was created (the first id
-        wins)."""
+        """Insert (id, name, tag) rows in order: whether each is new (first id wins)."""
         return [
             bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
             for plant_id, name, tag in plants
         ]
 
     def ping(self):
-        """The health check's question, one in flight per process at most: the checks
-        that come while it is asked share its answer. None waits past
-        HEALTH_WAIT_SECONDS."""
+        """The health check's question, one in flight per process: the checks arriving
+        meanwhile share its answer, and none waits past HEALTH_WAIT_SECONDS."""
         arrived = time.monotonic()
         if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
             raise unavailable("the database")
@@ -801,8 +799,7 @@ class SQLStore(Store):
             self._asking.release()
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after the one with seq
-        `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
         rows = self.run(self.PAGE, after=after or 0, limit=limit)
         return [
             (seq, _text(name), None if tag is None else _text(tag))
@@ -821,9 +818,8 @@ class SQLStore(Store):
 
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
         """Return work(run) on a connection of this process, in one transaction if
-        asked, where run(sql, **parameters) runs one statement and returns its rows. All
-        of it, connecting included, ends within `wait` seconds; the database away, or
-        too slow: 503."""
+        asked, where run(sql, **parameters) runs one statement and returns its rows.
+        All of it, connecting included, ends within `wait` seconds, or answers 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
@@ -850,8 +846,8 @@ class SQLStore(Store):
 
     @contextlib.contextmanager
     def _connection(self, deadline):
-        """A connection of this process's pool, and whether it served before; dropped on
-        error."""
+        """A connection of this process's pool, and whether it served before; an error
+        drops it, and a fork never uses its parent's connections."""
         with self._lock:
             # a forked worker never uses its parent's connections
             if self._pid != os.getpid():
@@ -937,8 +933,7 @@ class SQLStore(Store):
 
 
 class SQLiteStore(SQLStore):
-    """Plants in an SQLite file on this machine, shared by the worker processes that
-    open it."""
+    """Plants in an SQLite file on this machine, shared by the workers that open it."""
 
     EVENTS = (
         "CREATE TABLE IF NOT EXISTS plant_events"
@@ -1214,8 +1209,7 @@ class PostgresStore(SQLStore):
                 del self._busy[db]
 
     def _watch(self):
-        """Shut the connection of each statement past its deadline: its request answers
-        503."""
+        """Shut the connection of each statement past its deadline: a 503 answers."""
         while True:
             time.sleep(0.25)
             # held, so that no statement ends, and its socket closes, meanwhile
@@ -1361,9 +1355,8 @@ class WebhookSender:
         self._dropping = False
 
     def start_here(self):
-        """Start sending in this process unless it does already: a server may fork after
-        building the app (gunicorn --preload), and neither threads nor a database follow
-        a fork."""
+        """Start sending in this process unless it does already: a server may fork
+        after building the app (gunicorn --preload); no thread or database follows."""
         if self._pid != os.getpid():
             with self._lock:
                 if self._pid != os.getpid():
@@ -1397,8 +1390,7 @@ class WebhookSender:
             return memory.execute(sql, parameters).fetchall()
 
     def notify(self, plant_id, name, tag):
-        """After a create: write the in-memory store's event, or wake up for the one SQL
-        wrote."""
+        """After a create: write the event in memory, or wake for the one SQL wrote."""
         if not self._store:
             body = event_json(plant_id, name, tag)
             count, size = self._waiting
@@ -1418,8 +1410,7 @@ class WebhookSender:
         self._wake.set()
 
     def close(self):
-        """Stop sending (what is in the outbox stays there) and wait for attempts under
-        way."""
+        """Stop sending (the outbox keeps its events); wait for attempts under way."""
         if self._pid == os.getpid():
             self._stop.set()
             self._wake.set()
@@ -1469,8 +1460,7 @@ class WebhookSender:
                 self._stop.wait(RETRY_AFTER)
 
     def _start_over(self):
-        """Drop the events of URLs no longer configured; try each other waiting event
-        once."""
+        """Drop the events of URLs no longer configured; try each other due one once."""
         for url, count, _ in self.outbox(self.WAITING):
             if url not in self.urls:
                 self.outbox(self.FORGET, url=url)
@@ -1508,9 +1498,8 @@ class WebhookSender:
                 in_flight[self._pool.submit(self._post, *event[1:4])] = event, probing
 
     def _cut_late_attempts(self):
-        """Close the connection of each attempt past its TIMEOUT: urllib's and
-        http.client's timeouts bound each read, and a receiver that trickles bytes would
-        never reach one."""
+        """Close the connection of each attempt past its TIMEOUT: http.client's timeouts
+        bound each read, which a receiver that trickles bytes would never reach."""
         for connection, deadline in list(self._attempts.items()):
             if time.monotonic() > deadline:
                 with contextlib.suppress(AttributeError, OSError):
@@ -1619,8 +1608,7 @@ def check_webhook_url(url):
 
 
 class _FinalResponse(http.client.HTTPResponse):
-    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100
-    itself."""
+    """The answer past any interim 1xx (103 Early Hints); http.client skips only 100."""
 
     def _read_status(self):
         while True:
@@ -1632,10 +1620,9 @@ class _FinalResponse(http.client.HTTPResponse):
 
 
 def with_webhooks(application, sender):
-    """The application, starting the sender in the process that serves, at its first
-    request if not before: events that wait in a SQL outbox go at once from a process
-    forked after the app was built (gunicorn --preload's workers), and see
-    built_in_a_worker() and main()."""
+    """The application, starting the sender in the serving process at its first request
+    if not before, so that a SQL outbox's events go at once from a process forked after
+    the app was built (gunicorn --preload's workers); see built_in_a_worker()."""
 
     def serve(environ, start_response):
         sender.start_here()
@@ -1650,9 +1637,8 @@ def with_webhooks(application, sender):
 
 
 def built_in_a_worker():
-    """Whether a server is building the app in the worker process that serves it
-    (granian's workers, gunicorn's without --preload), not in a master that forks
-    workers next."""
+    """Whether the app is built in the worker process that serves it (granian's, or
+    gunicorn's without --preload), not in a master that forks the workers next."""
     frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
     while frame and not (
         frame.f_code.co_name == "load_wsgi"
@@ -1670,8 +1656,7 @@ def event_json(plant_id, name, tag):
 
 
 def _origin(url):
-    """A receiver in a log line: scheme, host and port, never a path or query with a
-    secret."""
+    """A receiver in a log line: scheme, host and port, never a path or a query."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}" + (
         f":{parts.port}" if parts.port else ""
@@ -1679,8 +1664,7 @@ def _origin(url):
 
 
 def webhook_secret_key(secret):
-    """Check a Standard Webhooks secret, whsec_ and base64 of 24 bytes or more; never
-    quote it."""
+    """Check a Standard Webhooks secret: whsec_, base64 of 24+ bytes; never quote it."""
     if not secret:
         raise ValueError(
             f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is "
@@ -1704,8 +1688,7 @@ def webhook_secret_key(secret):
 
 
 def browser_origin(origin):
-    """The origin as a browser sends it in Origin: lower-case, no default port; or
-    ValueError."""
+    """The origin as a browser sends it: lower-case, no default port; or ValueError."""
     match = re.fullmatch(
         r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", origin.lower()
     )
@@ -2065,8 +2048,7 @@ OPENAPI = json.loads(
 
 def serve_document(application):
     """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token.
-    Each operation's operationId, and `security: []` where it needs no token, come from
-    its route."""
+    Each operationId, and `security: []` where no token is needed, is from a route."""
     application.route(
         "GET",
         "/openapi.json",
@@ -2107,8 +2089,7 @@ class _ServerHandler(ServerHandler):
 
 
 class _RequestHandler(WSGIRequestHandler):
-    """wsgiref's request handler, with a socket timeout and a log that keeps secrets
-    out."""
+    """wsgiref's request handler, with a socket timeout and a log without secrets."""
 
     # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain`
     # is its
@@ -2133,8 +2114,7 @@ class _RequestHandler(WSGIRequestHandler):
         return True
 
     def handle(self):
-        """wsgiref's, with _ServerHandler: read one request and run the application on
-        it."""
+        """wsgiref's, with _ServerHandler: read one request and run the app on it."""
         self.raw_requestline = self.rfile.readline(65537)
         if len(self.raw_requestline) > 65536:
             self.requestline = self.request_version = self.command = ""
@@ -2161,8 +2141,7 @@ class _RequestHandler(WSGIRequestHandler):
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server: a thread per connection, a backlog for bursts, and a clean
-    stop."""
+    """wsgiref's server: a thread per connection, a backlog for bursts, a clean stop."""
 
     # at exit, no thread is waited for: finish() has waited for the requests
     daemon_threads = True
@@ -2176,8 +2155,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         super().process_request(request, client_address)
 
     def finish(self, seconds):
-        """Stop accepting, and wait up to `seconds` for the requests in flight to be
-        answered."""
+        """Stop accepting, and wait up to `seconds` for the requests in flight."""
         # closed before it is said, so that no connection comes after
         self.server_close()
         _log("stopping: answering the requests under way, accepting no new ones")
@@ -2208,8 +2186,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
 
 def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
-    """Return the embedded server for application on (host, port); port 0 picks a free
-    one."""
+    """The embedded server for application on (host, port); port 0 picks a free one."""
     server = _Server((host, port), _RequestHandler)
     server.client_timeout = client_timeout
     server.in_flight, server.idle = 0, threading.Condition()
@@ -2256,8 +2233,7 @@ def make_app(
 
 
 def tokens_from_environ(environ=os.environ):
-    """The tokens listed in PLANTSTORE_TOKENS, or None when it is unset; set, it holds
-    one."""
+    """The tokens in PLANTSTORE_TOKENS, or None when unset; set, it must hold one."""
     if TOKENS_VARIABLE not in environ:
         return None
     tokens = [
@@ -2273,8 +2249,7 @@ def tokens_from_environ(environ=os.environ):
 
 
 def options_from_environ(environ=os.environ):
-    """make_app's other settings, each checked before the store is opened: none leaves a
-    file."""
+    """make_app's other settings, checked before the store opens: none makes a file."""
 
     def listed(name):
         return [
@@ -2314,8 +2289,7 @@ def store_from_environ(environ=os.environ):
 
 
 def db_mistake(value):
-    """What makes PLANTSTORE_DB none of its forms, or None. A password may be in it: not
-    quoted."""
+    """What makes PLANTSTORE_DB none of its forms, or None; it is never quoted."""
     if value.startswith("\ufeff"):
         return "starts with a byte-order mark: save the file that sets it without one"
     if value.startswith(("'", '"')):  # docker --env-file and systemd keep them
@@ -2346,8 +2320,7 @@ def db_mistake(value):
 
 
 def unknown_settings(environ=os.environ):
-    """A warning for each PLANTSTORE_* variable that plantstore does not read; never its
-    value."""
+    """A warning for each PLANTSTORE_* variable plantstore does not read; no value."""
     known = {
         name[11:]: name
         for name in (
@@ -2371,8 +2344,7 @@ def unknown_settings(environ=os.environ):
 
 
 def app_from_environ(environ=os.environ, tokens=None):
-    """make_app with what the environment says, once every setting is checked; the start
-    line."""
+    """make_app with what the environment says, every setting checked; a start line."""
     for warning in unknown_settings(environ):
         _log(f"warning: {warning}")
     options = options_from_environ(environ)
