@@ -1,39 +1,33 @@
 """The Plant Store API in one file, on the Python standard library alone.
 
-``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional
-``tag``) and answers the stored Plant (``name``, ``tag``; no ``id``);
-``GET /plants?limit=N`` answers a page of plants, oldest first, with a ``Link``
-to the next (without ``limit``, every plant, streamed); ``DELETE /plants/{id}``
-removes one; ``GET /health`` tells a load balancer whether the store answers.
-Errors are ``{"error": <status>, "message": ...}``. Every request but the
-health check and ``GET /openapi.json`` needs ``Authorization: Bearer <token>``.
+``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional ``tag``) and
+answers the stored Plant (``name``, ``tag``; no ``id``); ``GET /plants?limit=N`` answers
+a page of plants, oldest first, with a ``Link`` to the next (without ``limit``, every
+plant, streamed); ``DELETE /plants/{id}`` removes one; ``GET /health`` tells a load
+balancer if the store answers. All but ``GET /health`` and ``GET /openapi.json`` need
+``Authorization: Bearer <token>``. Errors are ``{"error": <status>, "message": ...}``.
 
-The file is in two parts. The core, down to the line "Optional parts", is a
-whole service: the request path and the in-memory store. Below it, each in a
-section of its own that a reader may skip: the SQL stores, webhooks, CORS, the
-OpenAPI document, the embedded server, and the assembly from the environment.
-
-Three ways to run it:
+The file is in two parts. The core, down to the line "Optional parts", is a whole
+service: the request path and the in-memory store. Below it, each in a section of its
+own that a reader may skip: the SQL stores, webhooks, CORS, the OpenAPI document, the
+embedded server, and the assembly from the environment. It runs in three ways:
 
     python plantstore.py [--host H] [--port P]       # the embedded server
-    gunicorn -w 1 --threads 8 plantstore:app          # production, behind nginx
-    (deploy/)
-    make_app(tokens, store=..., max_body_bytes=...)   # inside another WSGI stack
+    gunicorn -w 1 --threads 8 plantstore:app         # production: nginx, deploy/
+    make_app(tokens, store=..., max_body_bytes=...)  # inside another WSGI stack
 
 Settings come from the environment (``python plantstore.py --help`` lists them).
-``PLANTSTORE_TOKENS`` holds the accepted bearer tokens, comma-separated; left
-unset, ``python plantstore.py`` makes up one and prints it once, and
-``gunicorn plantstore:app`` refuses to boot. ``PLANTSTORE_DB`` keeps the plants
-in an SQLite file or in PostgreSQL. Importing this module reads, prints and
-starts nothing.
+``PLANTSTORE_TOKENS`` holds the accepted bearer tokens, comma-separated; left unset,
+``python plantstore.py`` makes up one and prints it once, and ``gunicorn
+plantstore:app`` refuses to boot. ``PLANTSTORE_DB`` keeps the plants in an SQLite file
+or in PostgreSQL. Importing this module reads, prints and starts nothing.
 
-A store is any object with the methods of ``Store`` (``add``, ``page`` and
-``delete``; ``ping`` is optional), such as ``PlantStore``; one that has
+A store is any object with the methods of ``Store``, such as ``PlantStore``; one with
 ``list(limit)`` instead of ``page`` is read through ``PagesFromList``.
 
-The one thing people get wrong: the default ``PlantStore`` lives in the memory
-of one process. Several gunicorn workers would each hold a separate store, so
-run one worker with threads, or set ``PLANTSTORE_DB`` and run several.
+The one thing people get wrong: the default ``PlantStore`` lives in the memory of one
+process. Several gunicorn workers would each hold a separate store, so run one worker
+with threads, or set ``PLANTSTORE_DB`` and run several.
 """
 
 import base64
@@ -47,9 +41,7 @@ from hmac import compare_digest
 from http import HTTPStatus
 from urllib.parse import parse_qs, quote
 
-# For the optional parts, below the banner "Optional parts": the core uses none of
-# these.
-import argparse
+import argparse  # this import and those below serve the optional parts, not the core
 import collections
 import concurrent.futures
 import contextlib
@@ -72,8 +64,7 @@ import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
-# one line, before anything that needs 3.11 fails with a traceback
-if sys.version_info < (3, 11):
+if sys.version_info < (3, 11):  # one line, not a traceback from code that needs 3.11
     raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
         "plantstore needs Python 3.11 or newer; this is Python "
         + sys.version.split()[0]
@@ -85,24 +76,17 @@ __all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add t
 MAX_BODY_BYTES = 65536  # the default limit of a request body; a larger one answers 413
 MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
-# plants in one page; a listing without `limit` streams pages of this size
-PAGE_MAX = 1000
+PAGE_MAX = 1000  # plants in a page; a listing without `limit` streams such pages
 CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Status lines made once: HTTPStatus(status) on every answer cost 5-10% of creates/s
-# under granian.
-_STATUS_LINES = {
-    status.value: f"{status.value} {status.phrase}" for status in HTTPStatus
-}
-# RFC 9110, 15
+# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s. Classes: RFC 9110
+_STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
 # ---- Errors: raised anywhere, rendered in one place (Application.__call__) ----
-
-
 class HTTPError(Exception):
     """An error answer: a status, a message for the Error body, extra headers."""
 
@@ -114,18 +98,13 @@ class HTTPError(Exception):
 def unavailable(what):
     """The 503 of a store whose database is away: the client may try again shortly."""
     return HTTPError(
-        503,
-        f"{what} is unavailable; try again shortly",
-        headers=[("Retry-After", str(RETRY_AFTER))],
+        503, f"{what} is unavailable", headers=[("Retry-After", str(RETRY_AFTER))]
     )
 
 
 # ---- Reading a request, in the order the checks run ----
-
-
 def check_bearer(environ, tokens):
-    """Raise 401 unless Authorization is "Bearer <token>" (any case of Bearer), a known
-    token."""
+    """Raise 401 unless Authorization is "Bearer <token>" with a known token."""
     scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
     token = token.strip()
     if not token or scheme.lower() != "bearer":
@@ -135,10 +114,8 @@ def check_bearer(environ, tokens):
             headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')],
         )
     matched = False
-    # compare_digest takes ASCII strings only; no other one could match
-    if token.isascii():
-        # each one, in constant time: how long it takes tells nothing
-        for good in tokens:
+    if token.isascii():  # compare_digest takes ASCII only; no other token could match
+        for good in tokens:  # each one, in constant time: the time taken tells nothing
             matched |= compare_digest(token, good)
     if not matched:
         raise HTTPError(
@@ -151,40 +128,28 @@ def check_bearer(environ, tokens):
 
 
 def read_body(environ, limit):
-    """Return the request body, refusing a wrong media type or an oversized body before
-    reading."""
+    """Return the body, refusing a wrong media type or a body over the limit unread."""
     media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
-    # compared whole: text/plain;application/json is not JSON
-    if media_type != JSON_TYPE:
+    if media_type != JSON_TYPE:  # whole: text/plain;application/json is not JSON
         raise HTTPError(
-            415,
-            "Content-Type must be application/json",
-            headers=[("Accept", JSON_TYPE)],
+            415, "send Content-Type: application/json", headers=[("Accept", JSON_TYPE)]
         )
     length = environ.get("CONTENT_LENGTH") or None
     if length is not None:
-        # int() also takes " 7", "+7", "7_0"
-        if not (length.isdigit() and length.isascii()):
+        if not (length.isdigit() and length.isascii()):  # int() takes "+7", "7_0"
             raise HTTPError(400, "Content-Length must be a non-negative integer")
-        # 19 digits are over any limit: no huge int
-        length = int(length.lstrip("0")[:19] or "0")
+        length = int(length.lstrip("0")[:19] or "0")  # 19 digits exceed any limit
         if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
     elif not environ.get("wsgi.input_terminated"):  # PEP 3333: no length, read nothing
-        # a chunked body this server does not frame
-        if environ.get("HTTP_TRANSFER_ENCODING"):
-            raise HTTPError(
-                411,
-                "send the body with a Content-Length: "
-                "this server cannot read a chunked body",
-            )
+        if environ.get("HTTP_TRANSFER_ENCODING"):  # chunked, undecoded by the server
+            raise HTTPError(411, "send a Content-Length; a chunked body cannot be read")
         return b""
     try:  # a body of unknown length: one byte past the limit tells one that is over it
         body = environ["wsgi.input"].read(limit + 1 if length is None else length)
     except TimeoutError:  # the client stalled past the server's timeout
         raise HTTPError(408, "the request body did not arrive in time") from None
-    # the server's stream failed on the client's bytes: a bad chunk, a hang-up
-    except Exception:
+    except Exception:  # the stream failed on the client's bytes: a bad chunk, a hang-up
         raise HTTPError(400, "the request body could not be read") from None
     if length is None and len(body) > limit:
         raise HTTPError(413, f"request body is larger than {limit} bytes")
@@ -194,33 +159,25 @@ def read_body(environ, limit):
 
 
 def read_new_plant(body):
-    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then the NewPlant
-    shape."""
+    """Return (id, name, tag) from the body: UTF-8, then strict JSON, then NewPlant."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise HTTPError(400, "request body is not valid UTF-8") from None
     usual = _USUAL_NEWPLANT.fullmatch(text)
-    # the same answer as the JSON decoder's, for 15% more creates/s under granian
-    if usual:
+    if usual:  # the JSON decoder's answer, for 15% more creates/s under granian
         plant_id, name, tag = usual.groups()
         return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
 
 
-# The usual body, as JSON libraries write it ({"id": 7, "name": "Fern", "tag":
-# "indoor"}, or the
-# same without spaces), with no escape and an id of 18 digits at most, has one meaning,
-# which a
-# regular expression reads; any other body goes to the JSON decoder. Each quantifier is
-# possessive
-# (?+ *+, Python 3.11): nothing here needs to backtrack.
-# id: an int64
+# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
+# with or without spaces, with no escape and an id of 18 digits at most, has one
+# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
 _USUAL_NEWPLANT = re.compile(
-    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'
+    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
     r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
-    # the end, or tag
-    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'
+    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'  # the end, or tag
 )
 
 
@@ -231,29 +188,22 @@ def decode_json(text):
     try:
         return _DECODER.decode(text)
     except json.JSONDecodeError as error:
-        raise HTTPError(
-            400,
-            f"request body is not valid JSON: {error.msg} "
-            f"(line {error.lineno}, column {error.colno})",
-        ) from None
+        raise HTTPError(400, f"request body is not valid JSON: {error}") from None
     except RecursionError:
         raise HTTPError(400, "request body is nested too deeply") from None
-    # int() refuses literals longer than sys.get_int_max_str_digits()
-    except ValueError:
+    except ValueError:  # int() refuses more digits than sys.get_int_max_str_digits()
         raise HTTPError(400, "request body has an integer too long to read") from None
 
 
 def _json_object(pairs):
-    """Build a JSON object, refusing duplicate keys (RFC 8259 leaves their meaning
-    open)."""
+    """Build a JSON object, refusing duplicate keys, which RFC 8259 leaves undefined."""
     if len(obj := dict(pairs)) != len(pairs):
         raise HTTPError(400, "request body has a duplicate key in an object")
     return obj
 
 
 def _json_number(text):
-    """Keep a number with a fraction or exponent exact: 9223372036854775807.0 is an
-    integer."""
+    """Keep a fraction or an exponent exact: 9223372036854775807.0 is an integer."""
     try:
         return Decimal(text)
     except ArithmeticError:  # an exponent beyond even Decimal's range
@@ -261,11 +211,8 @@ def _json_number(text):
 
 
 def _json_constant(_name):
-    """Refuse NaN, Infinity and -Infinity, which Python's json takes and RFC 8259 does
-    not."""
-    raise HTTPError(
-        400, "request body is not valid JSON: NaN and Infinity are not JSON numbers"
-    )
+    """Refuse NaN, Infinity, -Infinity: Python's json takes them, RFC 8259 does not."""
+    raise HTTPError(400, "request body is not valid JSON: it has NaN or Infinity")
 
 
 _DECODER = json.JSONDecoder(
@@ -276,8 +223,7 @@ _DECODER = json.JSONDecoder(
 
 
 def parse_new_plant(document):
-    """Return (id, name, tag) from a NewPlant, or raise a 400 naming the field and the
-    rule."""
+    """Return (id, name, tag) from a NewPlant; a 400 names the field and the rule."""
     if type(document) is not dict:
         raise HTTPError(400, "request body must be a JSON object (a NewPlant)")
     for field in "id", "name":
@@ -296,23 +242,19 @@ def parse_new_plant(document):
 
 
 def as_integer(value, name, low=INT64_MIN, high=INT64_MAX, kind="int64"):
-    """Return value as an int from low to high, JSON Schema's way: 7.0 is 7, true is no
-    integer."""
+    """Return value as an int from low to high, as JSON Schema has it: 7.0, not true."""
     if type(value) is not int:
         if not (type(value) is Decimal and value == value.to_integral_value()):
             raise HTTPError(400, f"'{name}' must be an integer")
         if low <= value <= high:  # compared first: 1e400 never becomes a huge int
             value = int(value)
     if not low <= value <= high:
-        raise HTTPError(
-            400, f"'{name}' must be an integer from {low} to {high} ({kind})"
-        )
+        raise HTTPError(400, f"'{name}' must be an integer, {low} to {high} ({kind})")
     return value
 
 
 def url_integer(text, name, *limits):
-    """Read an integer in the path or the query as a JSON number, as in a body: 7 and
-    7.0 alike."""
+    """Read an integer in the path or query as a JSON number, as in a body: 7 or 7.0."""
     try:
         value = Decimal(text) if _JSON_NUMBER.fullmatch(text) else None
     except ArithmeticError:  # an exponent beyond even Decimal's range
@@ -324,8 +266,7 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 
 
 def query_page(environ):
-    """Return `limit` (None, or an integer from 0 to INT32_MAX) and `after` (None, or a
-    key)."""
+    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's key)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     limit, after = query.get("limit"), query.get("after")
     for name, values in ("limit", limit), ("after", after):
@@ -335,9 +276,7 @@ def query_page(environ):
         limit = url_integer(limit[0], "limit", 0, INT32_MAX, "int32")
     if after is not None:
         if not _CURSOR.fullmatch(after[0]):
-            raise HTTPError(
-                400, "'after' must be a cursor from a Link header of this service"
-            )
+            raise HTTPError(400, "'after' must be a cursor from a Link header")
         after = int.from_bytes(
             base64.urlsafe_b64decode(after[0] + "="), "big", signed=True
         )
@@ -357,28 +296,19 @@ _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 
 
 # ---- The store interface, and the in-memory store ----
-
-
 class Store:
-    """What the application asks of a store. Any object with add, page and delete will
-    do; ping
-    and list have defaults here. `tag` is None when a plant has none. A store whose
-    database is
-    away raises HTTPError(503, ..., headers=[("Retry-After", ...)]): see
-    unavailable()."""
+    """What the application asks of a store: any object with add, page and delete will
+    do. `tag` is None for no tag; a database away raises unavailable(...), a 503."""
 
     required = ("add", "page", "delete")
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never
-        overwrite."""
+        """Store a plant; return True, or False if its id is taken: never overwrite."""
         raise NotImplementedError
 
     def page(self, after, limit):
-        """Up to `limit` (key, name, tag) of the plants created after the one whose key
-        is
-        `after` (None: from the oldest), oldest first; a key is an int64 that grows with
-        them."""
+        """Up to `limit` (key, name, tag), oldest first, of the plants created after key
+        `after` (None: from the oldest); a key is an int64, larger for newer plants."""
         raise NotImplementedError
 
     def delete(self, plant_id):
@@ -386,8 +316,7 @@ class Store:
         raise NotImplementedError
 
     def ping(self):
-        """The health check's question: raise HTTPError(503) if the store cannot
-        answer."""
+        """The health check: raise HTTPError(503) if the store cannot answer."""
         self.page(None, 1)
 
     def list(self, limit=None):
@@ -397,9 +326,8 @@ class Store:
 
 
 class PagesFromList(Store):
-    """A store that has list(limit) instead of page(): each page reads the whole list,
-    and its
-    keys are positions, so a plant deleted between two pages shifts the next one."""
+    """A store with list(limit) instead of page(): each page reads the whole list, and
+    its keys are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
         self.store = store
@@ -409,8 +337,7 @@ class PagesFromList(Store):
         )
 
     def page(self, after, limit):
-        # the key is the position in the list; any cursor may come
-        start = max(after or 0, 0)
+        start = max(after or 0, 0)  # keys are list positions; any cursor may come
         plants = self.store.list(None)[start : start + limit]
         return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
@@ -418,29 +345,20 @@ class PagesFromList(Store):
 class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant gets a slot, numbered in creation order: its seq, the key of its page.
-    Names and
-    tags sit in chunks of CHUNK slots, and a dict maps each id to its seq. A page starts
-    at the
-    chunk and index its seq gives, so it costs what it holds however large the store is;
-    a chunk
-    with no plant left is dropped whole. A full chunk becomes a tuple of strings, which
-    the
-    garbage collector stops tracking, so no collection walks a store of millions of
-    plants.
+    Each plant gets a seq, its slot in creation order and the key of its page. Names and
+    tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts at
+    its seq's chunk and slot: it costs what it holds, however large the store. An empty
+    chunk is dropped; a full one becomes a tuple, which the garbage collector ignores.
     """
 
     def __init__(self):
         self._seq = {}  # id: seq, for the plants that exist
-        # chunks: the last a list, tuples once full, or None
-        self._names, self._tags = [[]], [[]]
-        # no plant has a seq below _first; the next one gets _next
-        self._first = self._next = 0
+        self._names, self._tags = [[]], [[]]  # chunks: last a list, else tuple or None
+        self._first = self._next = 0  # seqs below _first are gone; the next is _next
         self._lock = threading.Lock()
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never
-        overwrite."""
+        """Store a plant; return True, or False if its id is taken: never overwrite."""
         with self._lock:
             if plant_id in self._seq:
                 return False
@@ -448,8 +366,7 @@ class PlantStore(Store):
             self._names[-1].append(name)
             self._tags[-1].append(tag)
             self._next += 1
-            # the last chunk is full: sealed, and a new one opened
-            if self._next % CHUNK == 0:
+            if self._next % CHUNK == 0:  # the last chunk full: sealed, a new one opened
                 self._names[-1], self._tags[-1] = (
                     tuple(self._names[-1]),
                     tuple(self._tags[-1]),
@@ -459,13 +376,11 @@ class PlantStore(Store):
             return True
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after the one with seq
-        `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
         with self._lock:
             plants = []
             start = self._first if after is None else max(after + 1, self._first)
-            # the chunk, and the slot in it, to start from
-            number, first = divmod(start, CHUNK)
+            number, first = divmod(start, CHUNK)  # the chunk and slot to start from
             while len(plants) < limit and number < len(self._names):
                 names, tags = self._names[number], self._tags[number]
                 for index in range(first, 0 if names is None else len(names)):
@@ -485,19 +400,16 @@ class PlantStore(Store):
             if seq is None:
                 return False
             number, index = divmod(seq, CHUNK)
-            # the open chunk, a list: changed in place
-            if number == len(self._names) - 1:
+            if number == len(self._names) - 1:  # open chunk, a list: changed in place
                 self._names[number][index] = self._tags[number][index] = None
-            # a full chunk, a tuple: made anew, or dropped when no plant is left in it
-            else:
+            else:  # a full chunk, a tuple: made anew, or dropped when empty
                 names, tags = list(self._names[number]), list(self._tags[number])
                 names[index] = tags[index] = None
                 emptied = names.count(None) == CHUNK  # no plant left in it
                 self._names[number] = None if emptied else tuple(names)
                 self._tags[number] = None if emptied else tuple(tags)
             while self._first < self._next and not self._holds(self._first):
-                # deleting the oldest leaves pages nothing to walk over
-                self._first += 1
+                self._first += 1  # so pages never walk over deleted oldest plants
             return True
 
     def _holds(self, seq):
@@ -507,17 +419,12 @@ class PlantStore(Store):
 
 # ---- Writing an answer ----
 
-# json's own C routine for one string, ASCII-escaped, so that a lone surrogate cannot
-# break the
-# encoding: writing the two shapes around it is several times faster than json.dumps()
-# of a dict.
+# json's C routine, ASCII-escaped (a lone surrogate is safe): far faster than dumps()
 _quote = json.encoder.encode_basestring_ascii
 
 
 def plant_json(name, tag):
-    """The Plant shape: name, and tag only when the plant has one; never the id, which
-    the
-    specification's Plant does not have."""
+    """The Plant shape: name, and tag if it has one; never the id, which Plant lacks."""
     if tag is None:
         return f'{{"name": {_quote(name)}}}'.encode()
     return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode()
@@ -529,15 +436,9 @@ def error_json(status, message):
 
 
 def stream_plants(read_page, plants):
-    """Yield one JSON array of `plants`, a first page, and of every plant after them,
-    reading
-    each next page with read_page(after, limit) only once the one before is sent.
-
-    The 200 is sent before the second page is read: if the store fails then, the error
-    goes up
-    to the server, which cuts the answer short, so the client never takes it for a whole
-    list.
-    """
+    """Yield one JSON array of `plants`, a first page, and every plant after them: each
+    next page is read only once the one before is sent, so a store that fails after the
+    200 makes the server cut the answer short: no client takes it for a whole list."""
     yield b"["
     comma = b""
     while plants:
@@ -548,17 +449,11 @@ def stream_plants(read_page, plants):
 
 
 # ---- The WSGI application ----
-
-
 class Application:
-    """The Plant Store API as a WSGI application (PEP 3333), accepting the given bearer
-    tokens.
+    """The Plant Store API as a WSGI application (PEP 3333) for the given bearer tokens.
 
-    `routes` maps each path to its methods' operations, declared by route().
-    `on_create(plant_id,
-    name, tag)`, when set, is called after each plant is created. The optional parts
-    below add
-    routes and wrap the application.
+    `routes` maps each path to its methods' operations, declared by route(); on_create,
+    when set, is called with (plant_id, name, tag) after each create.
     """
 
     def __init__(self, tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
@@ -566,9 +461,7 @@ class Application:
             raise TypeError("tokens must be a list of strings, not one string")
         self.tokens = list(tokens)
         if not self.tokens:
-            raise ValueError(
-                "tokens must not be empty: plantstore never runs without them"
-            )
+            raise ValueError("tokens must not be empty: plantstore needs one")
         if not all(
             isinstance(token, str)
             and token.isascii()
@@ -585,15 +478,12 @@ class Application:
         if type(max_body_bytes) is not int or max_body_bytes < 0:
             raise ValueError("max_body_bytes must be a non-negative integer")
         store = PlantStore() if store is None else store
-        # the interface before page()
         if not hasattr(store, "page") and hasattr(store, "list"):
             store = PagesFromList(store)
         self.store = store
         for method in Store.required:
             if not callable(getattr(self.store, method, None)):
-                raise TypeError(
-                    f"the store has no {method}() method: see plantstore.Store"
-                )
+                raise TypeError(f"the store has no {method}() method: see Store")
         self.max_body_bytes, self.on_create, self.routes = max_body_bytes, None, {}
         self.route("GET", "/plants", self.list_plants, "listPlants")
         self.route("POST", "/plants", self.add_plant, "addPlant")
@@ -601,25 +491,18 @@ class Application:
         self.route("GET", "/health", self.check_health, "checkHealth", token=False)
 
     def route(self, method, path, handler, operation_id, *, token=True):
-        """Declare an operation once: routing, Allow, HEAD and the served document
-        follow. A
-        handler takes the environ and the {id} of /plants/{id} (None elsewhere) and
-        returns
-        (status, body, headers), or raises HTTPError; operation_id names it in
-        OpenAPI."""
+        """Declare an operation once: routing, Allow, HEAD and the document follow.
+        handler(environ, {id} of /plants/{id} or None) gives (status, body, headers)."""
         self.routes.setdefault(path, {})[method] = handler, operation_id, token
 
     def __call__(self, environ, start_response):
-        """Answer one request: JSON (a 204: nothing), HEAD without its body; no
-        exception escapes
-        but a streamed listing's own, once its 200 is sent (see stream_plants)."""
+        """Answer a request; only a stream's exception escapes, once its 200 is sent."""
         try:
             try:
                 status, body, headers = self.respond(environ)
             except HTTPError as error:
                 if type(error.status) is not int or not 200 <= error.status <= 599:
-                    # 1xx is no final answer, and 600 no status at all: a 500, logged
-                    raise
+                    raise  # 1xx is no final answer, 600 no status at all: a 500, logged
                 status, headers = error.status, error.headers
                 body = error_json(status, error.message)
         except Exception:
@@ -639,10 +522,8 @@ class Application:
         start_response(
             _STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers
         )
-        # the headers GET would have, and no body
-        if environ["REQUEST_METHOD"] == "HEAD":
-            # a stream read its first page, no more
-            getattr(body, "close", lambda: None)()
+        if environ["REQUEST_METHOD"] == "HEAD":  # GET's headers, and no body
+            getattr(body, "close", lambda: None)()  # a stream read its first page only
             return []
         return body
 
@@ -661,14 +542,11 @@ class Application:
             allow = ", ".join(sorted(allowed))
             if method != "OPTIONS":
                 raise HTTPError(
-                    405,
-                    f"method not allowed here; allowed: {allow}",
-                    headers=[("Allow", allow)],
+                    405, f"method not allowed; use {allow}", headers=[("Allow", allow)]
                 )
             if plant_id is not None:
                 url_integer(plant_id, "id")  # /plants/abc is no plant's path
-            # no token: a browser's preflight has none
-            return 204, b"", [("Allow", allow)]
+            return 204, b"", [("Allow", allow)]  # no token: a preflight has none
         handler, _, token = operation
         if token:
             check_bearer(environ, self.tokens)
@@ -685,12 +563,10 @@ class Application:
     def list_plants(self, environ, _):
         limit, after = query_page(environ)
         read_page = self.store.page
-        # every plant, a page at a time: memory does not grow with the store
-        if limit is None:
+        if limit is None:  # all, a page at a time: memory does not grow with the store
             return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), []
         size = min(limit, PAGE_MAX)
-        # one more than answered: more?
-        plants, headers = read_page(after, size + 1), []
+        plants, headers = read_page(after, size + 1), []  # one extra: is there more?
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
@@ -707,14 +583,12 @@ class Application:
         return 204, b"", []
 
     def check_health(self, _environ, _):
-        """200 while the store answers a cheap question; its 503 when not. It names no
-        database."""
+        """200 if the store answers a cheap query, else its 503, naming no database."""
         getattr(self.store, "ping", lambda: Store.ping(self.store))()
         return 200, b'{"status": "ok"}', []
 
 
-# ---- Optional parts: each section below plugs into the core above, which never names
-# them
+# ---- Optional parts: each section below plugs into the core, which never names them
 
 # the settings' names
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
@@ -754,25 +628,18 @@ class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
     One class over two DB-API drivers, as peewee does it: the SQL is written once, with
-    named
-    parameters, and each engine's differences (connecting, its DDL, its placeholders,
-    the errors
-    that mean "the database is away") are the few lines of its subclass. Each process
-    holds at
-    most POOL_SIZE connections, whatever the number of its threads or clients; a
-    connection is
-    made when none is free and dropped on its first error. While the database cannot be
-    reached,
-    requests answer 503 with Retry-After, and once it is back they succeed again, with
-    no
-    restart. The outage is logged once, and so is its end.
+    named parameters, and each engine's differences (connecting, its DDL, its
+    placeholders, the errors that mean "the database is away") are the few lines of its
+    subclass. Each process holds at most POOL_SIZE connections, whatever the number of
+    its threads or clients; a connection is made when none is free and dropped on its
+    first error. While the database cannot be reached, requests answer 503 with
+    Retry-After, and once it is back they succeed again, with no restart. The outage is
+    logged once, and so is its end.
 
     The creates that wait at one moment in a process share one transaction and one flush
-    to
-    disk (group commit), where each create alone would pay its own: one of them writes
-    them all.
-    There is no timer and no thread: a create that comes alone is written at once, by
-    its own.
+    to disk (group commit), where each create alone would pay its own: one of them
+    writes them all. There is no timer and no thread: a create that comes alone is
+    written at once, by its own.
     """
 
     INSERT = (
@@ -810,10 +677,8 @@ class SQLStore(Store):
         self._writing = None
 
     def open_at_start(self):
-        """Make the tables now, so that a database plantstore cannot use stops the
-        start. No
-        connection is kept: a server may fork next, and a connection must not follow a
-        fork."""
+        """Make the tables now: a database plantstore cannot use stops the start. No
+        connection is kept: a server may fork next, and a fork must not carry one."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
             # no watchdog here: it would be a thread in a server's master
@@ -823,13 +688,13 @@ class SQLStore(Store):
             self._close(db)
 
     def add(self, plant_id, name, tag):
-        """Store the plant and return True, or return False if the id is taken; never
-        overwrite.
+        """Store a plant; return True, or False if its id is taken: never overwrite.
+
         The creates waiting at one moment share a commit: the first that finds no batch
-        being
-        written writes every create queued then, its own among them, and the others wait
-        for
-        its answer, or for their turn. A 200 means committed, within DB_WAIT_SECONDS."""
+        being written writes every create queued then, its own among them, and the
+        others wait for its answer, or for their turn. A 200 means committed, within
+        DB_WAIT_SECONDS.
+        """
         # its result: whether the plant was created
         create = concurrent.futures.Future()
         create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
@@ -861,8 +726,7 @@ class SQLStore(Store):
         return create.result()  # a failed batch raises its 503 here
 
     def _next_batch(self):
-        """The creates queued now, oldest first, up to the bounds, and still waited
-        for."""
+        """The creates queued now, oldest first, within the bounds, still waited for."""
         batch, size = [], 0
         while (
             self._queue
@@ -874,8 +738,7 @@ class SQLStore(Store):
         return [create for create in batch if create.set_running_or_notify_cancel()]
 
     def _write_batch(self, batch):
-        """Write one batch, the plants and their events, in one commit, and answer each
-        create."""
+        """Write a batch, its plants and events, in one commit; answer each create."""
         if not batch:  # every create of it was given up
             return
 
@@ -911,17 +774,15 @@ class SQLStore(Store):
                 create.set_result(new)
 
     def insert(self, run, plants):
-        """Insert (id, name, tag) rows in order; whether each was created (the first id
-        wins)."""
+        """Insert (id, name, tag) rows in order: whether each is new (first id wins)."""
         return [
             bool(run(self.INSERT, id=plant_id, name=name, tag=tag))
             for plant_id, name, tag in plants
         ]
 
     def ping(self):
-        """The health check's question, one in flight per process at most: the checks
-        that come
-        while it is asked share its answer. None waits past HEALTH_WAIT_SECONDS."""
+        """The health check's question, one in flight per process: the checks arriving
+        meanwhile share its answer, and none waits past HEALTH_WAIT_SECONDS."""
         arrived = time.monotonic()
         if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
             raise unavailable("the database")
@@ -938,8 +799,7 @@ class SQLStore(Store):
             self._asking.release()
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after the one with seq
-        `after`."""
+        """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
         rows = self.run(self.PAGE, after=after or 0, limit=limit)
         return [
             (seq, _text(name), None if tag is None else _text(tag))
@@ -958,10 +818,8 @@ class SQLStore(Store):
 
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
         """Return work(run) on a connection of this process, in one transaction if
-        asked, where
-        run(sql, **parameters) runs one statement and returns its rows. All of it,
-        connecting
-        included, ends within `wait` seconds; the database away, or too slow: 503."""
+        asked, where run(sql, **parameters) runs one statement and returns its rows.
+        All of it, connecting included, ends within `wait` seconds, or answers 503."""
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
@@ -988,8 +846,8 @@ class SQLStore(Store):
 
     @contextlib.contextmanager
     def _connection(self, deadline):
-        """A connection of this process's pool, and whether it served before; dropped on
-        error."""
+        """A connection of this process's pool, and whether it served before; an error
+        drops it, and a fork never uses its parent's connections."""
         with self._lock:
             # a forked worker never uses its parent's connections
             if self._pid != os.getpid():
@@ -1044,8 +902,7 @@ class SQLStore(Store):
 
     def setup(self, execute):
         """Make the tables unless they exist; refuse a 'plants' table plantstore did not
-        make.
-        execute(sql) runs one statement and returns its cursor."""
+        make. execute(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
             execute(statement)
         rows = execute("SELECT * FROM plants LIMIT 0")
@@ -1076,8 +933,7 @@ class SQLStore(Store):
 
 
 class SQLiteStore(SQLStore):
-    """Plants in an SQLite file on this machine, shared by the worker processes that
-    open it."""
+    """Plants in an SQLite file on this machine, shared by the workers that open it."""
 
     EVENTS = (
         "CREATE TABLE IF NOT EXISTS plant_events"
@@ -1123,8 +979,7 @@ class SQLiteStore(SQLStore):
             ) from None
 
     def connect(self, deadline):
-        """A connection to the file, which must exist: a deleted one is not made
-        anew."""
+        """A connection to the file, which must exist: a deleted file is not remade."""
         db = sqlite3.connect(
             f"file:{quote(self.path)}?mode=rw",
             uri=True,
@@ -1163,10 +1018,8 @@ class _WriteQueue:
     done.
 
     SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a
-    writer could
-    wait far longer than the others. A lock per process, then an flock(2) on a file
-    beside the
-    database, queue them instead.
+    writer could wait far longer than the others. A lock per process, then an flock(2)
+    on a file beside the database, queue them instead.
     """
 
     def __init__(self, path):
@@ -1200,12 +1053,9 @@ class PostgresStore(SQLStore):
 
     No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
     keepalives notice a silent host, and a watchdog shuts the connection of a statement
-    still
-    running at its request's deadline (a commit held by a synchronous standby that is
-    gone, say).
-    That request answers 503, even if PostgreSQL went on to commit it: retried, the
-    create
-    answers 200 or 409.
+    still running at its request's deadline (a commit held by a synchronous standby that
+    is gone, say). That request answers 503, even if PostgreSQL went on to commit it:
+    retried, the create answers 200 or 409.
     """
 
     EVENTS = (
@@ -1216,11 +1066,9 @@ class PostgresStore(SQLStore):
         " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
     )
     # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
-    # in
-    # PostgreSQL, so they make the tables one at a time, under a lock. It also asks for
-    # CREATE
-    # on the schema even when the table exists: a role given the tables must not try to
-    # make them.
+    # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
+    # for CREATE on the schema even when the table exists: a role given the tables must
+    # not try to make them.
     schema = (
         "BEGIN",
         "SELECT pg_advisory_xact_lock(7274)",
@@ -1275,8 +1123,7 @@ class PostgresStore(SQLStore):
             # The database is away at start: waited for, as any outage is.
 
     # What plantstore's own tables hold (pgloader or psql may make others): seq and id
-    # are
-    # unique and never NULL, and so a name is never NULL.
+    # are unique and never NULL, and so a name is never NULL.
     COLUMNS = (
         "SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
         " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
@@ -1362,8 +1209,7 @@ class PostgresStore(SQLStore):
                 del self._busy[db]
 
     def _watch(self):
-        """Shut the connection of each statement past its deadline: its request answers
-        503."""
+        """Shut the connection of each statement past its deadline: a 503 answers."""
         while True:
             time.sleep(0.25)
             # held, so that no statement ends, and its socket closes, meanwhile
@@ -1384,8 +1230,7 @@ class PostgresStore(SQLStore):
 
 def postgres_settings(conninfo):
     """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
-    messages
-    name it: a URL made anew from those parameters, without the password."""
+    messages name it: a URL made anew from those parameters, without the password."""
     try:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
@@ -1450,30 +1295,19 @@ class WebhookSender:
     Webhooks says.
 
     Every event waits in an outbox, the plant_events table, until its receiver answers
-    2xx. With a
-    SQL store that table is written in the plant's own transaction, so a 200 means at
-    least one
-    delivery, across crashes and restarts; several workers may deliver one event, and
-    receivers
-    deduplicate by webhook-id. With the in-memory store the table is in an SQLite
-    database in the
-    memory of the sender's thread: best effort, lost with the process, and at most
-    MAX_WAITING
-    events or MAX_WAITING_BYTES. The sender starts with the first request a process
-    serves. Its
-    thread claims due events, at most PER_URL at once for each receiver, and hands them
-    to a pool
-    that POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver
-    does, so a
-    slow receiver holds up no other, and no create waits for any. A failed attempt is
-    retried on
-    SCHEDULE, with jitter. While a receiver gives no answer (or its gateway answers
-    502-504), its
-    oldest event alone is tried, every PROBE_SECONDS; once one gets through, the others
-    follow at
-    once. A URL that answers 410, or is no longer configured, gets nothing more: its
-    events are
-    dropped.
+    2xx. With a SQL store that table is written in the plant's own transaction, so a 200
+    means at least one delivery, across crashes and restarts; several workers may
+    deliver one event, and receivers deduplicate by webhook-id. With the in-memory store
+    the table is in an SQLite database in the memory of the sender's thread: best
+    effort, lost with the process, and at most MAX_WAITING events or MAX_WAITING_BYTES.
+    The sender starts with the first request a process serves. Its thread claims due
+    events, at most PER_URL at once for each receiver, and hands them to a pool that
+    POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver does,
+    so a slow receiver holds up no other, and no create waits for any. A failed attempt
+    is retried on SCHEDULE, with jitter. While a receiver gives no answer (or its
+    gateway answers 502-504), its oldest event alone is tried, every PROBE_SECONDS; once
+    one gets through, the others follow at once. A URL that answers 410, or is no longer
+    configured, gets nothing more: its events are dropped.
     """
 
     # seconds before a retry
@@ -1488,9 +1322,8 @@ class WebhookSender:
         " VALUES (:url, :webhook_id, :body, 0)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the
-    # URL's due events, or, to probe a receiver that gave no answer, its oldest (due:
-    # any time).
+    # the URL's due events, or, to probe a receiver that gave no answer, its oldest
+    # (due: any time).
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
@@ -1522,10 +1355,8 @@ class WebhookSender:
         self._dropping = False
 
     def start_here(self):
-        """Start sending in this process unless it does already: a server may fork after
-        building
-        the app (gunicorn --preload), and neither threads nor a database follow a
-        fork."""
+        """Start sending in this process unless it does already: a server may fork
+        after building the app (gunicorn --preload); no thread or database follows."""
         if self._pid != os.getpid():
             with self._lock:
                 if self._pid != os.getpid():
@@ -1559,8 +1390,7 @@ class WebhookSender:
             return memory.execute(sql, parameters).fetchall()
 
     def notify(self, plant_id, name, tag):
-        """After a create: write the in-memory store's event, or wake up for the one SQL
-        wrote."""
+        """After a create: write the event in memory, or wake for the one SQL wrote."""
         if not self._store:
             body = event_json(plant_id, name, tag)
             count, size = self._waiting
@@ -1580,8 +1410,7 @@ class WebhookSender:
         self._wake.set()
 
     def close(self):
-        """Stop sending (what is in the outbox stays there) and wait for attempts under
-        way."""
+        """Stop sending (the outbox keeps its events); wait for attempts under way."""
         if self._pid == os.getpid():
             self._stop.set()
             self._wake.set()
@@ -1631,8 +1460,7 @@ class WebhookSender:
                 self._stop.wait(RETRY_AFTER)
 
     def _start_over(self):
-        """Drop the events of URLs no longer configured; try each other waiting event
-        once."""
+        """Drop the events of URLs no longer configured; try each other due one once."""
         for url, count, _ in self.outbox(self.WAITING):
             if url not in self.urls:
                 self.outbox(self.FORGET, url=url)
@@ -1670,10 +1498,8 @@ class WebhookSender:
                 in_flight[self._pool.submit(self._post, *event[1:4])] = event, probing
 
     def _cut_late_attempts(self):
-        """Close the connection of each attempt past its TIMEOUT: urllib's and
-        http.client's
-        timeouts bound each read, and a receiver that trickles bytes would never reach
-        one."""
+        """Close the connection of each attempt past its TIMEOUT: http.client's timeouts
+        bound each read, which a receiver that trickles bytes would never reach."""
         for connection, deadline in list(self._attempts.items()):
             if time.monotonic() > deadline:
                 with contextlib.suppress(AttributeError, OSError):
@@ -1759,8 +1585,7 @@ class WebhookSender:
 
 def check_webhook_url(url):
     """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it
-    can be
-    delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
+    can be delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
         parts = urlsplit(url)
         good = (
@@ -1783,8 +1608,7 @@ def check_webhook_url(url):
 
 
 class _FinalResponse(http.client.HTTPResponse):
-    """http.client's answer, past any interim 1xx (103 Early Hints), as it skips a 100
-    itself."""
+    """The answer past any interim 1xx (103 Early Hints); http.client skips only 100."""
 
     def _read_status(self):
         while True:
@@ -1796,11 +1620,9 @@ class _FinalResponse(http.client.HTTPResponse):
 
 
 def with_webhooks(application, sender):
-    """The application, starting the sender in the process that serves, at its first
-    request if
-    not before: events that wait in a SQL outbox go at once from a process forked after
-    the app
-    was built (gunicorn --preload's workers), and see built_in_a_worker() and main()."""
+    """The application, starting the sender in the serving process at its first request
+    if not before, so that a SQL outbox's events go at once from a process forked after
+    the app was built (gunicorn --preload's workers); see built_in_a_worker()."""
 
     def serve(environ, start_response):
         sender.start_here()
@@ -1815,9 +1637,8 @@ def with_webhooks(application, sender):
 
 
 def built_in_a_worker():
-    """Whether a server is building the app in the worker process that serves it
-    (granian's
-    workers, gunicorn's without --preload), not in a master that forks workers next."""
+    """Whether the app is built in the worker process that serves it (granian's, or
+    gunicorn's without --preload), not in a master that forks the workers next."""
     frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
     while frame and not (
         frame.f_code.co_name == "load_wsgi"
@@ -1835,8 +1656,7 @@ def event_json(plant_id, name, tag):
 
 
 def _origin(url):
-    """A receiver in a log line: scheme, host and port, never a path or query with a
-    secret."""
+    """A receiver in a log line: scheme, host and port, never a path or a query."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}" + (
         f":{parts.port}" if parts.port else ""
@@ -1844,8 +1664,7 @@ def _origin(url):
 
 
 def webhook_secret_key(secret):
-    """Check a Standard Webhooks secret, whsec_ and base64 of 24 bytes or more; never
-    quote it."""
+    """Check a Standard Webhooks secret: whsec_, base64 of 24+ bytes; never quote it."""
     if not secret:
         raise ValueError(
             f"{WEBHOOK_SECRET_VARIABLE} is required when {WEBHOOK_URL_VARIABLE} is "
@@ -1869,8 +1688,7 @@ def webhook_secret_key(secret):
 
 
 def browser_origin(origin):
-    """The origin as a browser sends it in Origin: lower-case, no default port; or
-    ValueError."""
+    """The origin as a browser sends it: lower-case, no default port; or ValueError."""
     match = re.fullmatch(
         r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", origin.lower()
     )
@@ -1890,9 +1708,8 @@ def with_cors(application, origins):
     sends Origin).
 
     Every answer varies with Origin. An answer to a listed origin may be read by its
-    page; to its
-    preflight (OPTIONS with Access-Control-Request-Method) the core's Allow is what it
-    may send.
+    page; to its preflight (OPTIONS with Access-Control-Request-Method) the core's Allow
+    is what it may send.
     """
 
     def cors(environ, start_response):
@@ -1928,10 +1745,9 @@ def with_cors(application, origins):
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
 # The document as it is served, but for `servers`, which says where the application is
-# mounted.
-# HEAD and OPTIONS are not operations in it, though every route answers them
-# (docs/http.md): a
-# client has nothing to call there. 405 is left out for the same reason.
+# mounted. HEAD and OPTIONS are not operations in it, though every route answers them
+# (docs/http.md): a client has nothing to call there. 405 is left out for the same
+# reason.
 OPENAPI = json.loads(
     """{
   "openapi": "3.1.0",
@@ -2232,9 +2048,7 @@ OPENAPI = json.loads(
 
 def serve_document(application):
     """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token.
-    Each
-    operation's operationId, and `security: []` where it needs no token, come from its
-    route."""
+    Each operationId, and `security: []` where no token is needed, is from a route."""
     application.route(
         "GET",
         "/openapi.json",
@@ -2265,9 +2079,8 @@ CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 class _ServerHandler(ServerHandler):
     def finish_content(self):
         # wsgiref gives every answer without a body "Content-Length: 0": RFC 9110
-        # forbids it on
-        # a 204 (8.6), and on HEAD it would contradict a GET that streams a body of no
-        # set length.
+        # forbids it on a 204 (8.6), and on HEAD it would contradict a GET that streams
+        # a body of no set length.
         if not self.headers_sent and (
             self.status.startswith("204") or self.environ["REQUEST_METHOD"] == "HEAD"
         ):
@@ -2276,8 +2089,7 @@ class _ServerHandler(ServerHandler):
 
 
 class _RequestHandler(WSGIRequestHandler):
-    """wsgiref's request handler, with a socket timeout and a log that keeps secrets
-    out."""
+    """wsgiref's request handler, with a socket timeout and a log without secrets."""
 
     # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain`
     # is its
@@ -2302,8 +2114,7 @@ class _RequestHandler(WSGIRequestHandler):
         return True
 
     def handle(self):
-        """wsgiref's, with _ServerHandler: read one request and run the application on
-        it."""
+        """wsgiref's, with _ServerHandler: read one request and run the app on it."""
         self.raw_requestline = self.rfile.readline(65537)
         if len(self.raw_requestline) > 65536:
             self.requestline = self.request_version = self.command = ""
@@ -2330,8 +2141,7 @@ class _RequestHandler(WSGIRequestHandler):
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    """wsgiref's server: a thread per connection, a backlog for bursts, and a clean
-    stop."""
+    """wsgiref's server: a thread per connection, a backlog for bursts, a clean stop."""
 
     # at exit, no thread is waited for: finish() has waited for the requests
     daemon_threads = True
@@ -2345,8 +2155,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         super().process_request(request, client_address)
 
     def finish(self, seconds):
-        """Stop accepting, and wait up to `seconds` for the requests in flight to be
-        answered."""
+        """Stop accepting, and wait up to `seconds` for the requests in flight."""
         # closed before it is said, so that no connection comes after
         self.server_close()
         _log("stopping: answering the requests under way, accepting no new ones")
@@ -2360,9 +2169,8 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     def shutdown_request(self, request):
         # Send our FIN, then drain what the client still sends (an unread body, say):
-        # closing with
-        # unread bytes resets the connection, and the client would lose the answer it
-        # was sent.
+        # closing with unread bytes resets the connection, and the client would lose the
+        # answer it was sent.
         try:
             request.shutdown(socket.SHUT_WR)
             request.settimeout(self.linger_seconds)
@@ -2378,8 +2186,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
 
 def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
-    """Return the embedded server for application on (host, port); port 0 picks a free
-    one."""
+    """The embedded server for application on (host, port); port 0 picks a free one."""
     server = _Server((host, port), _RequestHandler)
     server.client_timeout = client_timeout
     server.in_flight, server.idle = 0, threading.Condition()
@@ -2402,11 +2209,9 @@ def make_app(
     """Return the WSGI application (PEP 3333) that accepts the given bearer tokens.
 
     It is the core's Application, serving the OpenAPI document too. With webhook_urls,
-    each new
-    plant is also POSTed to every one of them, signed with webhook_secret (see
-    WebhookSender);
-    the `webhook_sender` attribute is the sender. cors_origins lists the origins
-    (https://example.org) whose browser pages may call it (see with_cors).
+    each new plant is also POSTed to every one of them, signed with webhook_secret (see
+    WebhookSender); the `webhook_sender` attribute is the sender. cors_origins lists the
+    origins (https://example.org) whose browser pages may call it (see with_cors).
     """
     application = Application(tokens, store, max_body_bytes)
     serve_document(application)
@@ -2428,8 +2233,7 @@ def make_app(
 
 
 def tokens_from_environ(environ=os.environ):
-    """The tokens listed in PLANTSTORE_TOKENS, or None when it is unset; set, it holds
-    one."""
+    """The tokens in PLANTSTORE_TOKENS, or None when unset; set, it must hold one."""
     if TOKENS_VARIABLE not in environ:
         return None
     tokens = [
@@ -2445,8 +2249,7 @@ def tokens_from_environ(environ=os.environ):
 
 
 def options_from_environ(environ=os.environ):
-    """make_app's other settings, each checked before the store is opened: none leaves a
-    file."""
+    """make_app's other settings, checked before the store opens: none makes a file."""
 
     def listed(name):
         return [
@@ -2466,9 +2269,8 @@ def options_from_environ(environ=os.environ):
 
 def store_from_environ(environ=os.environ):
     """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a
-    PostgreSQL URL,
-    a libpq string, an SQLite file's path; or None (in memory). The value is never
-    quoted."""
+    PostgreSQL URL, a libpq string, an SQLite file's path; or None (in memory). The
+    value is never quoted."""
     value = environ.get(DB_VARIABLE, "").strip()
     problem = db_mistake(value)
     if problem:
@@ -2487,8 +2289,7 @@ def store_from_environ(environ=os.environ):
 
 
 def db_mistake(value):
-    """What makes PLANTSTORE_DB none of its forms, or None. A password may be in it: not
-    quoted."""
+    """What makes PLANTSTORE_DB none of its forms, or None; it is never quoted."""
     if value.startswith("\ufeff"):
         return "starts with a byte-order mark: save the file that sets it without one"
     if value.startswith(("'", '"')):  # docker --env-file and systemd keep them
@@ -2519,8 +2320,7 @@ def db_mistake(value):
 
 
 def unknown_settings(environ=os.environ):
-    """A warning for each PLANTSTORE_* variable that plantstore does not read; never its
-    value."""
+    """A warning for each PLANTSTORE_* variable plantstore does not read; no value."""
     known = {
         name[11:]: name
         for name in (
@@ -2544,8 +2344,7 @@ def unknown_settings(environ=os.environ):
 
 
 def app_from_environ(environ=os.environ, tokens=None):
-    """make_app with what the environment says, once every setting is checked; the start
-    line."""
+    """make_app with what the environment says, every setting checked; a start line."""
     for warning in unknown_settings(environ):
         _log(f"warning: {warning}")
     options = options_from_environ(environ)
@@ -2596,6 +2395,39 @@ more: README.md, or python -m pydoc plantstore"""
 
 def main(argv=None):
     """Run the embedded server: python plantstore.py [--host H] [--port P]."""
+    args = _parser().parse_args(argv)
+    try:
+        tokens = tokens_from_environ()
+        if tokens is None:
+            tokens = [secrets.token_urlsafe(32)]
+            _log(
+                f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: "
+                + tokens[0]
+            )
+        application = app_from_environ(tokens=tokens)
+        server = make_server(args.host, args.port, application)
+    except ValueError as error:  # a bad setting: one line, and no server starts
+        _log(str(error))
+        return 2
+    except (OSError, OverflowError) as error:
+        _log(f"cannot listen on {args.host}:{args.port}: {error}")
+        return 2
+    with server:
+        for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C, and how systemd stops it
+            signal.signal(stop, _interrupt)  # SIGINT too: background jobs ignore it
+        try:
+            host, port = server.server_address[:2]
+            _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+            if application.webhook_sender:  # this process serves: old events go now
+                application.webhook_sender.start_here()
+            server.serve_forever()
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
+            server.finish(server.client_timeout)
+    return 0
+
+
+def _parser():
+    """The command line: --host, --port and --version; --help lists the settings too."""
     parser = argparse.ArgumentParser(
         prog="plantstore",
         description="Serve the Plant Store API.",
@@ -2611,39 +2443,7 @@ def main(argv=None):
     parser.add_argument(
         "--version", action="version", version=f"plantstore {__version__}"
     )
-    args = parser.parse_args(argv)
-    try:
-        tokens = tokens_from_environ()
-        if tokens is None:
-            tokens = [secrets.token_urlsafe(32)]
-            _log(
-                f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: "
-                + tokens[0]
-            )
-        application = app_from_environ(tokens=tokens)
-        server = make_server(args.host, args.port, application)
-    # a bad setting: said in one line, and the server does not start
-    except ValueError as error:
-        _log(str(error))
-        return 2
-    except (OSError, OverflowError) as error:
-        _log(f"cannot listen on {args.host}:{args.port}: {error}")
-        return 2
-    with server:
-        # Ctrl-C; how systemd and containers stop it
-        for stop in signal.SIGINT, signal.SIGTERM:
-            # SIGINT too: a shell's background job ignores it
-            signal.signal(stop, _interrupt)
-        try:
-            host, port = server.server_address[:2]
-            _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-            # this process serves: events from before go now
-            if application.webhook_sender:
-                application.webhook_sender.start_here()
-            server.serve_forever()
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
-            server.finish(server.client_timeout)
-    return 0
+    return parser
 
 
 def _interrupt(_signum, _frame):
