@@ -48,12 +48,13 @@ import webtest
 from psycopg import sql
 
 import plantstore
+import plantstore_postgres
+from plantstore_postgres import PostgresStore
 from plantstore import (
     INT64_MAX,
     INT64_MIN,
     MAX_BODY_BYTES,
     PlantStore,
-    PostgresStore,
     SQLiteStore,
     make_app,
     make_server,
@@ -2258,9 +2259,12 @@ def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, 
     post(app, {"id": 1, "name": "Fern"}, 200)
 
 
-def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(spawn):
+@pytest.mark.parametrize("missing", ["psycopg", "plantstore_postgres"])
+def test_python_plantstore_py_names_what_postgres_needs_when_it_is_missing(
+    spawn, missing
+):
     code = (
-        "import runpy, sys; sys.modules['psycopg'] = None;"
+        f"import runpy, sys; sys.modules[{missing!r}] = None;"
         " sys.argv[1:] = ['--port', '0'];"
         "runpy.run_path('plantstore.py', run_name='__main__')"
     )
@@ -2273,11 +2277,93 @@ def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(s
     )
     assert process.wait(WAIT) == 2
     err = process.stderr.read()
-    assert (
-        "pip install 'plantstore[postgres]'" in err
-        and len(err.strip().splitlines()) == 1
+    assert err == (
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
+        f"{missing}: pip install 'plantstore[postgres]'\n"
     )
-    assert "Traceback" not in err and "hunter2-secret" not in err
+
+
+def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, receiver):
+    """The file copied alone, run with no site-packages (python -S): SQLite, webhooks,
+    CORS and the document are served; PostgreSQL names the module it needs."""
+    shutil.copy(HERE / "plantstore.py", tmp_path)
+    hook = receiver()
+    settings = {
+        "PLANTSTORE_TOKENS": TOKEN,
+        "PLANTSTORE_WEBHOOK_URL": hook.url,
+        "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+        "PLANTSTORE_CORS_ORIGINS": "https://example.org",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-S", "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_DB": "p.db", **settings},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        host, port = (
+            Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+        )
+        origin = {"Origin": "https://example.org"}
+        status, headers, body = exchange(
+            host, port, "POST", "/plants", {"id": 1, "name": "Fern"}, headers=origin
+        )
+        assert (status, body) == (200, {"name": "Fern"})
+        assert headers["Access-Control-Allow-Origin"] == "https://example.org"
+        assert exchange(host, port, "GET", "/openapi.json")[0] == 200
+        assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    finally:
+        process.kill()
+        process.wait(WAIT)
+        process.stderr.close()
+    process = subprocess.run(
+        [sys.executable, "-S", "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PLANTSTORE_DB": "postgresql://u:hunter2@127.0.0.1/d", **settings},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert (process.returncode, process.stderr) == (
+        2,
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
+        "plantstore_postgres: pip install 'plantstore[postgres]'\n",
+    )
+
+
+def test_python_plantstore_py_on_postgres_is_one_module_not_two(
+    spawn, postgres, pg_url, receiver
+):
+    """python plantstore.py runs the file as __main__; plantstore_postgres imports
+    plantstore: one module, or its store is no SQLStore here (webhooks would wait in
+    memory) and its 503 no HTTPError here (a 500)."""
+    hook = receiver()
+    hook.stop()  # the event waits in the outbox, where the test reads it
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=pg_url,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        ),
+    )
+    host, port = (
+        Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    )
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    with postgres.local() as db:
+        assert db.execute("SELECT count(*) FROM plant_events").fetchone()[0] == 1
+    postgres.stop()
+    try:
+        status, body = post_over_http(host, port, TOKEN, {"id": 2, "name": "Ivy"})
+    finally:
+        postgres.start()
+    assert (status, body["error"]) == (503, 503)
 
 
 def make_read_only(path, read_only):
@@ -3580,7 +3666,7 @@ def awkward_role(limited_role, postgres):
                 sql.Identifier(limited_role["role"]), sql.Literal(AWKWARD_PASSWORD)
             )
         )
-    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
     grant_the_tables(limited_role)
     role = limited_role["role"]
     encoded = (
@@ -4166,9 +4252,7 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
 
 
-def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(
-    tmp_path, pg_url
-):
+def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(tmp_path, pg_url):
     def started():
         return sorted(
             thread.name for thread in threading.enumerate() if thread not in before
@@ -4178,18 +4262,14 @@ def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(
     spec = importlib.util.spec_from_file_location(
         "plantstore_imported_again", HERE / "plantstore.py"
     )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    stores = [
-        None,
-        module.SQLiteStore(tmp_path / "plants.sqlite3"),
-        module.PostgresStore(pg_url),
-    ]
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert started() == []  # importing starts nothing
+    stores = [None, SQLiteStore(tmp_path / "plants.sqlite3"), PostgresStore(pg_url)]
     for store in stores:
-        module.make_app([TOKEN], store=store, cors_origins=["https://example.org"])
+        make_app([TOKEN], store=store, cors_origins=["https://example.org"])
     assert started() == []  # no webhooks, no thread
     apps = [
-        module.make_app(
+        make_app(
             [TOKEN],
             store=store,
             webhook_urls=["http://127.0.0.1:9/hook"],
@@ -5811,7 +5891,7 @@ def assert_secret_kept(text):
 @pytest.mark.parametrize("value", SECRET_SPELLINGS.values(), ids=SECRET_SPELLINGS)
 def test_settings_a_database_password_is_never_shown_however_it_is_spelt(value):
     try:
-        parameters, shown = plantstore.postgres_settings(value)
+        parameters, shown = plantstore_postgres.postgres_settings(value)
     except ValueError as refusal:
         shown = str(refusal)
         assert shown.startswith("PLANTSTORE_DB ") and "%-escape" in shown
@@ -5868,7 +5948,7 @@ POSTGRES_FORMS = [  # PLANTSTORE_DB, some of libpq's parameters, shown
 def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(
     value, parameters, shown
 ):
-    read, said = plantstore.postgres_settings(value)
+    read, said = plantstore_postgres.postgres_settings(value)
     assert parameters.items() <= read.items()
     # a URL libpq reads back: brackets, %2F for a socket
     assert said == f"PostgreSQL {shown}"
@@ -6201,9 +6281,9 @@ def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
     limited_role,
 ):
     # the owner makes the tables, grants nothing
-    plantstore.PostgresStore(limited_role["owner"])
+    PostgresStore(limited_role["owner"])
     with pytest.raises(ValueError) as refusal:
-        plantstore.PostgresStore(limited_role["url"])
+        PostgresStore(limited_role["url"])
     assert "SELECT, INSERT, UPDATE and DELETE" in str(refusal.value)
     assert limited_role["password"] not in str(refusal.value)
 
@@ -6211,9 +6291,9 @@ def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
 def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
     limited_role,
 ):
-    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
     grant_the_tables(limited_role)
-    store = plantstore.PostgresStore(limited_role["url"])
+    store = PostgresStore(limited_role["url"])
     assert store.add(7, "Fern", None) is True and store.add(7, "Fern", None) is False
     assert [(name, tag) for _, name, tag in store.page(None, 10)] == [("Fern", None)]
     assert store.delete(7) is True
@@ -6222,16 +6302,16 @@ def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
 def test_settings_a_libpq_string_reaches_the_database_the_url_does(
     limited_role, postgres
 ):
-    plantstore.PostgresStore(limited_role["owner"])
+    PostgresStore(limited_role["owner"])
     grant_the_tables(limited_role)
     role, password = limited_role["role"], limited_role["password"]
     keywords = (
         f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
         f"dbname={role}"
     )
-    assert plantstore.PostgresStore(keywords).add(1, "Fern", "indoor") is True
+    assert PostgresStore(keywords).add(1, "Fern", "indoor") is True
     upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
-    plants = plantstore.PostgresStore(upper).page(None, 10)
+    plants = PostgresStore(upper).page(None, 10)
     assert [(name, tag) for _, name, tag in plants] == [("Fern", "indoor")]
 
 
