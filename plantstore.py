@@ -655,7 +655,7 @@ class SQLStore(Store):
     BATCH, BATCH_BYTES = 64, 2**20
     ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
-    unavailable = ()  # the driver's exceptions that mean "the database is away"
+    outages = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
@@ -813,30 +813,44 @@ class SQLStore(Store):
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
         """Return work(run) on a connection of this process, in one transaction if
         asked, where run(sql, **parameters) runs one statement and returns its rows.
-        All of it, connecting included, ends within `wait` seconds, or answers 503."""
+        All of it, connecting included, ends within `wait` seconds, or answers 503.
+
+        Once a wait found the database away, the others do not wait for it too: one
+        request at a time tries it, and the others answer 503 at once, until one finds
+        it back. Reads and writes apart: a table locked elsewhere stops only writes.
+        """
+        here = self._here()
+        trying = here.away[write] and here.trying[write]
+        if trying and not trying.acquire(blocking=False):
+            raise unavailable("the database")  # known away; another request tries it
+        try:
+            result = self._session(work, write, transaction, wait)
+        except HTTPError:
+            here.away[write] = True
+            raise
+        finally:
+            if trying:
+                trying.release()
+        here.away[write] = False
+        if self._outage_said:
+            self._outage_said = False
+            _log(f"the {self.shown} is reachable again")
+        return result
+
+    def _session(self, work, write, transaction, wait):
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
                 with self._here().writers if write else contextlib.nullcontext():
                     with self._connection(started + wait) as (db, reused):
-                        result = self._work(db, work, transaction, started + wait)
-                break
-            except self.unavailable as error:
+                        return self._work(db, work, transaction, started + wait)
+            except self.outages as error:
                 self._outage(error)
                 # A read that failed at once on a connection made before an outage is
-                # tried
-                # again on a new one; a write never is, since it may have been done.
-                if (
-                    write
-                    or not reused
-                    or attempt == 2
-                    or time.monotonic() - started > 1
-                ):
+                # tried again on a new one; a write never is: it may have been done.
+                stale = reused and time.monotonic() - started < 1
+                if write or not stale or attempt == 2:
                     raise unavailable("the database") from None
-        if self._outage_said:
-            self._outage_said = False
-            _log(f"the {self.shown} is reachable again")
-        return result
 
     @contextlib.contextmanager
     def _connection(self, deadline):
@@ -906,7 +920,7 @@ class SQLStore(Store):
         return True
 
     def check(self, db):
-        """Raise one of self.unavailable if what was just done cannot be trusted."""
+        """Raise one of self.outages if what was just done cannot be trusted."""
 
     def _close(self, db):
         with contextlib.suppress(Exception):
@@ -941,6 +955,9 @@ class _Here:
         self.queued = threading.Condition()  # guards queue and writing
         self.queue, self.writing = collections.deque(), False  # creates to write
         self.writers = writers  # the lock a writer holds, shared with other processes
+        # for reads and writes: whether the last wait found the database away, and the
+        # lock of the one request that tries it meanwhile
+        self.away, self.trying = [False, False], [threading.Lock(), threading.Lock()]
 
 
 class SQLiteStore(SQLStore):
@@ -962,7 +979,7 @@ class SQLiteStore(SQLStore):
         "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
     )
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
-    unavailable = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
+    outages = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
 
     def __init__(self, path):
         self.path = os.path.abspath(path)

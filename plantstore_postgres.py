@@ -81,7 +81,7 @@ class PostgresStore(SQLStore):
         self.parameters, shown = postgres_settings(conninfo)
         self._watchdog = Background("plantstore-watchdog", self._watch)
         super().__init__(shown)
-        self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
+        self.outages = (psycopg.OperationalError, psycopg.InterfaceError)
         try:
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
@@ -102,7 +102,7 @@ class PostgresStore(SQLStore):
                     f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
                     f"option {next(filter(None, option.groups()))}"
                 ) from None
-            if not isinstance(error, self.unavailable):
+            if not isinstance(error, self.outages):
                 raise
             # The database is away at start: waited for, as any outage is.
 
