@@ -157,6 +157,18 @@ def read_body(environ, limit):
     return body
 
 
+# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
+# with or without spaces, with no escape and an id of 18 digits at most, has one
+# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
+_USUAL_NEWPLANT = re.compile(
+    r"""\{"id":\ ?+(-?+(?:0|[1-9][0-9]{0,17}+)),\ ?+  # id: an int64
+    "name":\ ?+"([^"\\\x00-\x1f]*+)"  # name: no escapes
+    (?:\}|,\ ?+"tag":\ ?+"([^"\\\x00-\x1f]*+)"\})  # the end, or tag
+    """,
+    re.VERBOSE,
+)
+
+
 def read_new_plant(body):
     """Return (id, name, tag) from the body: UTF-8, then strict JSON, then NewPlant."""
     try:
@@ -168,16 +180,6 @@ def read_new_plant(body):
         plant_id, name, tag = usual.groups()
         return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
-
-
-# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
-# with or without spaces, with no escape and an id of 18 digits at most, has one
-# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
-_USUAL_NEWPLANT = re.compile(
-    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
-    r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
-    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'  # the end, or tag
-)
 
 
 def decode_json(text):
@@ -265,7 +267,7 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 
 
 def query_page(environ):
-    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's key)."""
+    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's seq)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     limit, after = query.get("limit"), query.get("after")
     for name, values in ("limit", limit), ("after", after):
@@ -282,10 +284,10 @@ def query_page(environ):
     return limit, after
 
 
-def cursor(key):
-    """The opaque `after` of a next link: the last plant's key, 8 bytes as base64url."""
+def cursor(seq):
+    """The opaque `after` of a next link: the last plant's seq, 8 bytes as base64url."""
     return (
-        base64.urlsafe_b64encode(key.to_bytes(8, "big", signed=True))
+        base64.urlsafe_b64encode(seq.to_bytes(8, "big", signed=True))
         .rstrip(b"=")
         .decode()
     )
@@ -306,8 +308,8 @@ class Store:
         raise NotImplementedError
 
     def page(self, after, limit):
-        """Up to `limit` (key, name, tag), oldest first, of the plants created after key
-        `after` (None: from the oldest); a key is an int64, larger for newer plants."""
+        """Up to `limit` (seq, name, tag), oldest first, of the plants created after seq
+        `after` (None: from the oldest); a seq is an int64, larger for newer plants."""
         raise NotImplementedError
 
     def delete(self, plant_id):
@@ -326,7 +328,7 @@ class Store:
 
 class PagesFromList(Store):
     """A store with list(limit) instead of page(): each page reads the whole list, and
-    its keys are positions, so a plant deleted between two pages shifts the next."""
+    its seqs are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
         self.store = store
@@ -336,7 +338,7 @@ class PagesFromList(Store):
         )
 
     def page(self, after, limit):
-        start = max(after or 0, 0)  # keys are list positions; any cursor may come
+        start = max(after or 0, 0)  # seqs are list positions; any cursor may come
         plants = self.store.list(None)[start : start + limit]
         return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
@@ -344,10 +346,11 @@ class PagesFromList(Store):
 class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant gets a seq, its slot in creation order and the key of its page. Names and
-    tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts at
-    its seq's chunk and slot: it costs what it holds, however large the store. An empty
-    chunk is dropped; a full one becomes a tuple, which the garbage collector ignores.
+    Each plant gets a seq, its slot in creation order and the cursor of its page. Names
+    and tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts
+    at its seq's chunk and slot: it costs what it holds, however large the store. An
+    empty chunk is dropped; a full one becomes a tuple, which the garbage collector
+    ignores.
     """
 
     def __init__(self):
@@ -497,16 +500,9 @@ class Application:
     def __call__(self, environ, start_response):
         """Answer a request; only a stream's exception escapes, once its 200 is sent."""
         try:
-            try:
-                status, body, headers = self.respond(environ)
-            except HTTPError as error:
-                if type(error.status) is not int or not 200 <= error.status <= 599:
-                    raise  # 1xx is no final answer, 600 no status at all: a 500, logged
-                status, headers = error.status, error.headers
-                body = error_json(status, error.message)
-        except Exception:
-            traceback.print_exc(file=environ["wsgi.errors"])
-            status, body, headers = 500, error_json(500, "internal server error"), []
+            status, body, headers = self.respond(environ)
+        except Exception as error:
+            status, body, headers = self.error_answer(environ, error)
         if status in (204, 304):  # answers that never have a body
             headers, body = list(headers), []
         elif type(body) is bytes:
@@ -526,13 +522,23 @@ class Application:
             return []
         return body
 
+    def error_answer(self, environ, error):
+        """An HTTPError's answer; any other error, or a status that is no final answer
+        (1xx, 600), is a 500, its traceback logged to wsgi.errors."""
+        status = getattr(error, "status", None)
+        if isinstance(error, HTTPError) and type(status) is int and 200 <= status < 600:
+            return status, error_json(status, error.message), error.headers
+        traceback.print_exception(error, file=environ["wsgi.errors"])
+        return 500, error_json(500, "internal server error"), []
+
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
         path, plant_id = environ.get("PATH_INFO", ""), None
-        if path.startswith("/plants/"):
-            path, plant_id = "/plants/{id}", path[8:]
+        parent, _, last = path.rpartition("/")
+        if last and f"{parent}/{{id}}" in self.routes:  # /plants/7: /plants/{id}
+            path, plant_id = f"{parent}/{{id}}", last
         methods = self.routes.get(path)
-        if methods is None or plant_id == "" or "/" in (plant_id or ""):
+        if methods is None:
             raise HTTPError(404, f"not found: the routes are {', '.join(self.routes)}")
         method = environ["REQUEST_METHOD"]
         operation = methods.get("GET" if method == "HEAD" else method)
@@ -625,7 +631,7 @@ def _log(message):
 class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
-    One class over two DB-API drivers, as peewee does it: the SQL is written once, with
+    One class over two DB-API drivers (peewee's way): the SQL is written once, with
     named parameters, and each engine's differences (connecting, its DDL, its
     placeholders, the errors that mean "the database is away") are the few lines of its
     subclass. Each process holds at most POOL_SIZE connections, whatever the number of
@@ -659,8 +665,8 @@ class SQLStore(Store):
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
-        # on_create(run, plant_id, name, tag): in the plant's transaction
-        self.on_create = None
+        # write_event(run, plant_id, name, tag), if set: in the plant's transaction
+        self.write_event = None
         # when the last health answer came, and whether it was yes
         self._answer = 0.0, True
         self._ready, self._outage_said = False, False
@@ -691,19 +697,14 @@ class SQLStore(Store):
         others wait for its answer, or for their turn. A 200 means committed, within
         DB_WAIT_SECONDS.
         """
-        here = self._here()
-        # its result: whether the plant was created
-        create = concurrent.futures.Future()
-        create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
-        create.size = len(create.plant[1]) + len(create.plant[2] or b"")
-        create.deadline = time.monotonic() + DB_WAIT_SECONDS
-        with here.queued:
+        here, create = self._here(), _Create(plant_id, name, tag)
+        with here.turn:
             here.queue.append(create)
         while not create.done():
-            with here.queued:
+            with here.turn:
                 # another thread writes a batch
                 while here.writing and not create.done():
-                    if not here.queued.wait(create.deadline - time.monotonic()):
+                    if not here.turn.wait(create.deadline - time.monotonic()):
                         # left out of the next batch, unless one holds it
                         create.cancel()
                         raise unavailable("the database")
@@ -713,10 +714,10 @@ class SQLStore(Store):
             try:
                 self._write_batch(batch)
             finally:
-                with here.queued:
+                with here.turn:
                     here.writing = False
                     # its creates are answered; another may write
-                    here.queued.notify_all()
+                    here.turn.notify_all()
         return create.result()  # a failed batch raises its 503 here
 
     def _next_batch(self, queue):
@@ -739,9 +740,9 @@ class SQLStore(Store):
         def insert(run):
             created = self.insert(run, [create.plant for create in batch])
             for create, new in zip(batch, created, strict=True):
-                if new and self.on_create:
+                if new and self.write_event:
                     plant_id, name, tag = create.plant
-                    self.on_create(
+                    self.write_event(
                         run, plant_id, _text(name), None if tag is None else _text(tag)
                     )
             return created
@@ -754,7 +755,7 @@ class SQLStore(Store):
                 insert,
                 write=True,
                 wait=wait,
-                transaction=bool(self.on_create) or several,
+                transaction=bool(self.write_event) or several,
             )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
@@ -859,25 +860,26 @@ class SQLStore(Store):
         here = self._here()
         if not here.slots.acquire(timeout=max(0, deadline - time.monotonic())):
             raise unavailable("the database")  # every connection busy past the deadline
-        db = None
         try:
             with here.lock:
                 db = here.idle.pop() if here.idle else None
-            if db is not None and not self.usable(db):
-                self._close(db)
-                db = None
-            reused, db = db is not None, db or self.connect(deadline)
-            # the database was away at start: its tables may not exist
-            if not self._ready:
-                self.setup(lambda sql: self.execute(db, sql, {}, deadline))
-                self._ready = True
-            yield db, reused
-            with here.lock:
-                here.idle.append(db)
-            db = None
+            reused = db is not None and self.usable(db)
+            if not reused:
+                if db is not None:
+                    self._close(db)
+                db = self.connect(deadline)
+            try:
+                if not self._ready:  # the database was away at start: make the tables
+                    self.setup(lambda sql: self.execute(db, sql, {}, deadline))
+                    self._ready = True
+                yield db, reused
+            except BaseException:
+                self._close(db)  # a connection is dropped on its first error
+                raise
+            else:
+                with here.lock:
+                    here.idle.append(db)
         finally:
-            if db is not None:
-                self._close(db)
             here.slots.release()
 
     def _work(self, db, work, transaction, deadline):
@@ -904,12 +906,12 @@ class SQLStore(Store):
         """Run one statement; PostgresStore's watchdog cuts it at the deadline."""
         return db.execute(sql, parameters)
 
-    def setup(self, execute):
+    def setup(self, run_sql):
         """Make the tables unless they exist; refuse a 'plants' table plantstore did not
-        make. execute(sql) runs one statement and returns its cursor."""
+        make. run_sql(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
-            execute(statement)
-        rows = execute("SELECT * FROM plants LIMIT 0")
+            run_sql(statement)
+        rows = run_sql("SELECT * FROM plants LIMIT 0")
         if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
             raise ValueError(
                 f"the {self.shown} has a 'plants' table that plantstore did not make"
@@ -944,6 +946,17 @@ class SQLStore(Store):
             self._close(db)
 
 
+class _Create(concurrent.futures.Future):
+    """A create waiting for its batch: the plant as stored, its size in bytes, when its
+    request stops waiting; its result is whether the plant was created."""
+
+    def __init__(self, plant_id, name, tag):
+        super().__init__()
+        self.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        self.size = len(self.plant[1]) + len(self.plant[2] or b"")
+        self.deadline = time.monotonic() + DB_WAIT_SECONDS
+
+
 class _Here:
     """What a SQL store holds in one process: its connections, creates and locks."""
 
@@ -952,7 +965,7 @@ class _Here:
         self.slots = threading.Semaphore(pool_size)  # connections left to make
         self.idle, self.busy = [], {}  # connections: free; running, to their deadline
         self.asking = threading.Lock()  # held by the one health question in flight
-        self.queued = threading.Condition()  # guards queue and writing
+        self.turn = threading.Condition()  # guards queue and writing
         self.queue, self.writing = collections.deque(), False  # creates to write
         self.writers = writers  # the lock a writer holds, shared with other processes
         # for reads and writes: whether the last wait found the database away, and the
@@ -1006,7 +1019,7 @@ class SQLiteStore(SQLStore):
             ) from None
 
     def _fresh(self):
-        return _Here(self.POOL_SIZE, _WriteQueue(self.path + "-writers"))
+        return _Here(self.POOL_SIZE, _WriterLock(self.path + "-writers"))
 
     def connect(self, deadline):
         """A connection to the file, which must exist: a deleted file is not remade."""
@@ -1031,8 +1044,7 @@ class SQLiteStore(SQLStore):
         return None
 
     def check(self, db):
-        # A file deleted or replaced under a running service: what was written, no one
-        # will read.
+        # a file deleted or replaced while in use: no one will read what is written
         if self._identity() != db.file:
             raise sqlite3.OperationalError(
                 f"{self.path} was deleted or replaced while in use"
@@ -1043,7 +1055,7 @@ class _SQLite(sqlite3.Connection):
     file = None  # the file it opened, as (device, inode): SQLiteStore.check compares it
 
 
-class _WriteQueue:
+class _WriterLock:
     """Writers of every process take turns here, woken as soon as the one before them is
     done.
 
@@ -1211,7 +1223,7 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None
         self.outbox_is_sql = self._store is not None
         if self._store:
-            store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
+            store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
         self._waiting, self._dropping, self._closed = (0, 0), False, False
         self._thread = Background(
             "plantstore-webhooks", self._loop, lambda: this_process(self, self._fresh)

@@ -145,9 +145,9 @@ class PostgresStore(SQLStore):
         # an id once, to the first
         return [created.pop(plant_id, 0) > 0 for plant_id in ids]
 
-    def setup(self, execute):
-        super().setup(execute)
-        for name, not_null, unique in execute(self.COLUMNS).fetchall():
+    def setup(self, run_sql):
+        super().setup(run_sql)
+        for name, not_null, unique in run_sql(self.COLUMNS).fetchall():
             if not not_null or name != "name" and not unique:
                 raise ValueError(
                     f"the {self.shown} has a 'plants' table that plantstore did not "
@@ -157,7 +157,7 @@ class PostgresStore(SQLStore):
         for table in "plants", "plant_events":
             # the owner's
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-                for _, largest in execute(self.MOVE.format(table)).fetchall():
+                for _, largest in run_sql(self.MOVE.format(table)).fetchall():
                     _log(
                         f"the identity of {table} was behind its largest seq, "
                         f"{largest}: "
