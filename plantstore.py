@@ -1102,6 +1102,9 @@ def _text(data):
 # A thread ends when the process's main thread has ended, and frees what it held.
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP}
+
+
 def this_process(owner, make):
     """owner's state in this process: what make() gave here, or, if this process has
     none yet (a fork's child), what it gives now."""
@@ -1133,7 +1136,14 @@ class Background:
             self.prepare()  # before the thread, and before a fork's child serves
             self._stop, self._wake = threading.Event(), threading.Event()
             self._thread = threading.Thread(target=self.loop, name=self.name)
-            self._thread.start()
+            # A stop's signals go to another thread, the main one: a server's handler
+            # that ends the interpreter (uWSGI's) would wait here for this thread.
+            # The thread's own threads take its mask.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                self._thread.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def stop(self):
         if self._thread and self._thread.is_alive():
@@ -1296,7 +1306,7 @@ class WebhookSender:
                 here.started_over = here.started_over or self._start_over()
                 while here.done:  # each attempt that ended
                     seq, status = here.done.pop()
-                    self._settle(*here.in_flight.pop(seq), status)
+                    self._settle(here, *here.in_flight.pop(seq), status)
                 self._claim(here)
                 self._cut_late_attempts(here)
                 # what waits, counted again: notify() counts up only
@@ -1418,45 +1428,40 @@ class WebhookSender:
             del here.connections[connection]
             connection.close()
 
-    def _settle(self, event, probe, status):
-        here = this_process(self, self._fresh)
+    def _settle(self, here, event, probe, status):
+        """Act on an attempt's outcome: delivered, gone, refused or no answer."""
         seq, url, webhook_id, _, attempts, due = event
-        now = time.time()
-        # a new list: requests iterate the old one
-        if status == 410 and url in self.urls:
+        now, silent = time.time(), status in (None, 502, 503, 504)  # none from it
+        if status == 410 and url in self.urls:  # gone: this process sends it no more
+            # a new list, not this one changed: a request may be iterating it
             self.urls = [other for other in self.urls if other != url]
             self.outbox(self.FORGET, url=url)
             _log(
                 f"the webhook receiver {_origin(url)} answered 410 Gone: "
                 "it gets no more events"
             )
-        # or its URL went meanwhile
-        elif url not in self.urls or status and 200 <= status < 300:
+            return
+        if url not in self.urls or status and 200 <= status < 300:  # or its URL went
             self.outbox(self.DONE, seq=seq)
-            # through again: the others follow now
-            if here.failing.pop(url, None) is not None:
-                self.outbox(self.DUE_NOW, now=now, url=url)
-        # its schedule stays
-        elif probe and status in (None, 502, 503, 504) and due > now:
-            self.outbox(self.RELEASE, seq=seq)
-        else:
-            # no answer from the receiver itself: probe it
-            if status in (None, 502, 503, 504):
-                here.failing.setdefault(url, now)
-            # an answer, if not a 2xx: the receiver is back, and its events go as usual
-            else:
-                here.failing.pop(url, None)
-            if attempts < len(self.SCHEDULE):
-                delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
-                self.outbox(
-                    self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq
-                )
-            else:
-                self.outbox(self.DONE, seq=seq)
-                _log(
-                    f"webhook {webhook_id} to {_origin(url)} is given up "
-                    f"after {attempts + 1} attempts"
-                )
+            if here.failing.pop(url, None) is not None:  # through again:
+                self.outbox(self.DUE_NOW, now=now, url=url)  # the others follow now
+            return
+        if probe and silent and due > now:  # a probe ahead of its event's schedule:
+            self.outbox(self.RELEASE, seq=seq)  # the schedule stays
+            return
+        if silent:  # the receiver is probed until one gets through
+            here.failing.setdefault(url, now)
+        else:  # an answer, if no 2xx: the receiver is back, its events go as usual
+            here.failing.pop(url, None)
+        if attempts == len(self.SCHEDULE):
+            self.outbox(self.DONE, seq=seq)
+            _log(
+                f"webhook {webhook_id} to {_origin(url)} is given up "
+                f"after {attempts + 1} attempts"
+            )
+            return
+        delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
+        self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
 
 
 def check_webhook_url(url):
