@@ -80,8 +80,9 @@ CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s. Classes: RFC 9110
+# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s
 _STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
+# the phrase of a status HTTPStatus lacks: its class's, as RFC 9110 (15) names them
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
@@ -683,8 +684,7 @@ class SQLStore(Store):
         connection is kept: a server may fork next, and a fork must not carry one."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            # no watchdog here: it would be a thread in a server's master
-            self.setup(db.execute)
+            self.setup(db.execute)  # not self.execute: no watchdog in a server's master
             self._ready = True
         finally:
             self._close(db)
@@ -747,15 +747,14 @@ class SQLStore(Store):
                     )
             return created
 
-        # else one statement, atomic itself
-        several = len(batch) > 1 and not self.ONE_STATEMENT
+        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement,
         wait = min(create.deadline for create in batch) - time.monotonic()
         try:
             created = self.session(
                 insert,
                 write=True,
                 wait=wait,
-                transaction=bool(self.write_event) or several,
+                transaction=bool(self.write_event) or several,  # atomic itself
             )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
@@ -1205,8 +1204,7 @@ class WebhookSender:
         " VALUES (:url, :webhook_id, :body, 0)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the URL's due events, or, to probe a receiver that gave no answer, its oldest
-    # (due: any time).
+    # the URL's due events, or its oldest, due or not, to probe a silent receiver.
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
@@ -1596,8 +1594,7 @@ def with_cors(application, origins):
 
 # The document as it is served, but for `servers`, which says where the application is
 # mounted. HEAD and OPTIONS are not operations in it, though every route answers them
-# (docs/http.md): a client has nothing to call there. 405 is left out for the same
-# reason.
+# (docs/http.md): a client has nothing to call there; nor, for that reason, is 405.
 OPENAPI = json.loads(
     """{
   "openapi": "3.1.0",
@@ -1941,9 +1938,8 @@ class _ServerHandler(ServerHandler):
 class _RequestHandler(WSGIRequestHandler):
     """wsgiref's request handler, with a socket timeout and a log without secrets."""
 
-    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain`
-    # is its
-    # fixed text for the status, where `message` would quote the client's request line.
+    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON: `explain`
+    # is its fixed text for the status (send_error below keeps it so).
     error_content_type = JSON_TYPE
     error_message_format = '{"error": %(code)d, "message": "%(explain)s"}'
 
@@ -2000,7 +1996,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     # at exit, no thread is waited for: finish() has waited for the requests
     daemon_threads = True
-    # listen backlog: 200 simultaneous connects are queued, not refused
+    # listen backlog: a burst of connects waits here, not refused
     request_queue_size = 1024
     linger_seconds = 2
 
@@ -2164,14 +2160,12 @@ def db_mistake(value):
     if re.match("(?i)postgres(ql)?://", value):
         authority, _, path = value.partition("://")[2].partition("/")
         user_info = authority.rpartition("@")[0]
+        database = path.partition("?")[0]
+        # else libpq reads a part of the password as the host, and shows it
         if (
             authority.count("@") > 1
             or re.search("[?#]", user_info)
-            or "@"
-            in path.partition(
-                # else part of a password is shown, or it is cut short
-                "?"
-            )[0]
+            or "@" in database
             or "#" in value
         ):
             return (
@@ -2189,11 +2183,10 @@ def unknown_settings(environ=os.environ):
             TOKENS_VARIABLE,
             DB_VARIABLE,
             WEBHOOK_URL_VARIABLE,
-            # DB, TOKENS...
             WEBHOOK_SECRET_VARIABLE,
             CORS_VARIABLE,
         )
-    }
+    }  # DB, TOKENS, ...: the names without PLANTSTORE_
     return [
         f"{name} is not a plantstore setting, so it is ignored"
         + "".join(
