@@ -5684,6 +5684,36 @@ def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spaw
     assert rest.count(token) == 1  # printed once, never logged again
 
 
+@pytest.mark.parametrize("database", ["memory", "sqlite", "postgres"])
+def test_python_plantstore_py_stops_on_ctrl_c_leaving_nothing_open(
+    spawn, receiver, tmp_path, request, database
+):
+    """python -X dev shows a ResourceWarning for a connection or a file left open
+    (sqlite3 says so since 3.13): a clean stop leaves none, webhooks on, any store."""
+    db = {"memory": None, "sqlite": str(tmp_path / "plants.sqlite3")}.get(database)
+    hook = receiver()
+    process = spawn(
+        [sys.executable, "-X", "dev", "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+            **{"PLANTSTORE_DB": db or request.getfixturevalue("pg_url")}
+            if database != "memory"
+            else {},
+        ),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    assert over_http(host, port, TOKEN, "GET", "/plants")[0] == 200
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    rest = err.rest()
+    assert "Warning" not in rest and "Traceback" not in rest, rest
+
+
 def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(
     spawn,
 ):
