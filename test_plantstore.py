@@ -1550,6 +1550,12 @@ def free_port():
         return probe.getsockname()[1]
 
 
+# pytest registers a fixture again in each file that imports it, each registration
+# with a value of its own; test_plantstore_postgres.py imports the one below. Both
+# registrations hold this one server, and the last to let go of it stops it.
+SUITE_POSTGRES = SimpleNamespace(server=None, holders=0)
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """Started once for the suite, always stopped; no skip: if it cannot start, the
@@ -1557,11 +1563,16 @@ def postgres():
     # A run stopped with SIGTERM (a timeout, say) still tears down, and so stops this
     # server.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    server = Postgres()
+    if SUITE_POSTGRES.server is None:
+        SUITE_POSTGRES.server = Postgres()
+    SUITE_POSTGRES.holders += 1
     try:
-        yield server
+        yield SUITE_POSTGRES.server
     finally:
-        server.remove()
+        SUITE_POSTGRES.holders -= 1
+        if not SUITE_POSTGRES.holders:
+            SUITE_POSTGRES.server.remove()
+            SUITE_POSTGRES.server = None
         signal.signal(signal.SIGTERM, previous)
 
 
