@@ -5,8 +5,10 @@ The suite's PostgreSQL, the fixtures and the helpers are test_plantstore.py's, a
 are the tests every store passes, PostgreSQL included."""
 
 import concurrent.futures
+import contextlib
 import os
 import re
+import secrets
 import signal
 import sys
 import threading
@@ -15,6 +17,7 @@ import time
 import psycopg
 import pytest
 import webtest
+from psycopg import sql
 
 import plantstore
 import plantstore_postgres
@@ -22,6 +25,7 @@ from plantstore_postgres import PostgresStore
 from plantstore import make_app
 from test_plantstore import (
     AUTH,
+    HERE,
     SECRET,
     SECRET_SPELLINGS,
     TOKEN,
@@ -31,6 +35,8 @@ from test_plantstore import (
     assert_unavailable,
     environ_without_tokens,
     exchange,
+    free_port,
+    in_threads,
     next_link,
     over_http,
     post,
@@ -39,6 +45,7 @@ from test_plantstore import (
     serve_plantstore,
     start_gunicorn,
     stop_service,
+    wait_until,
 )
 
 # test_plantstore.py's fixtures, named here with `as`: pytest finds a test's fixtures
@@ -236,6 +243,336 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
     assert "unavailable" not in err.rest()  # no request failed, so no outage was seen
 
 
+# ---- Promises at the edges (issue 29) ----
+
+
+# the password, and the parts libpq would show of it
+EDGE_PASSWORD_PARTS = ("S3cretPW", "S3c", "retPW")
+
+
+# PLANTSTORE_DB values of no form it takes; {closed} is a port nothing listens on, which
+# libpq never reaches: it refuses the option's value first.
+DB_FORMS_OF_NO_KIND = {
+    "double-quoted-url": '"postgresql://app:S3cretPW@127.0.0.1/db"',
+    "single-quoted-libpq-string": "'host=127.0.0.1 password=S3cretPW'",
+    "byte-order-mark": "\ufeffpostgresql://app:S3cretPW@127.0.0.1/db",
+    "no-colon-after-the-scheme": "postgresql//app:S3cretPW@127.0.0.1/db",
+    "at-in-the-password": "postgresql://app:S3c@retPW@127.0.0.1/plants",
+    "question-mark-in-the-password": "postgresql://app:S3c?retPW@127.0.0.1/db",
+    "hash-in-the-password": "postgresql://app:S3c#retPW@127.0.0.1/db",
+    **{
+        f"{option}={value}": (
+            f"host=127.0.0.1 port={{closed}} {option}={value}"
+            " password=S3cretPW dbname=plants"
+        )
+        for option, value in [
+            ("connect_timeout", "abc"),
+            ("sslmode", "bogus"),
+            ("keepalives", "x"),
+        ]
+    },
+}
+
+
+def db_form_of_no_kind(form):
+    return DB_FORMS_OF_NO_KIND[form].format(closed=free_port())
+
+
+def assert_no_secret_and_the_option_named(said, form):
+    """No traceback, nothing of the password nor the user-info; a libpq option named,
+    its value never quoted."""
+    assert "Traceback" not in said and "app:" not in said
+    for part in EDGE_PASSWORD_PARTS:
+        assert part not in said
+    if "=" in form:
+        option, value = form.split("=")
+        assert f"option {option}" in said and not re.search(rf"\b{value}\b", said), said
+
+
+@pytest.mark.parametrize("form", DB_FORMS_OF_NO_KIND)
+def test_edges_plantstore_py_refuses_a_db_value_of_no_form_in_one_line_quoting_nothing(
+    form, tmp_path
+):
+    # the process's own temporary folder, to see that nothing lands in it
+    (tmp_path / "tmp").mkdir()
+    value = db_form_of_no_kind(form)
+    code, lines = run_plantstore(
+        tmp_path, PLANTSTORE_DB=value, TMPDIR=str(tmp_path / "tmp")
+    )
+    said = "".join(lines)
+    assert (
+        code == 2 and len(lines) == 1 and said.startswith("plantstore: PLANTSTORE_DB")
+    ), lines
+    assert_no_secret_and_the_option_named(said, form)
+    assert value.strip("\"'\ufeff") not in said
+    assert [path.name for path in tmp_path.iterdir()] == ["tmp"] and list(
+        (tmp_path / "tmp").iterdir()
+    ) == []
+
+
+@pytest.mark.parametrize(
+    "form", ["single-quoted-libpq-string", "at-in-the-password", "keepalives=x"]
+)
+def test_edges_gunicorn_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(
+    form, spawn, tmp_path
+):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db_form_of_no_kind(form),
+        TMPDIR=str(tmp),
+        PYTHONPATH=str(HERE),  # this plantstore.py, from `work`
+    )
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-w",
+            "1",
+            "--threads",
+            "8",
+            "-b",
+            "127.0.0.1:0",
+            "--chdir",
+            str(work),
+            "plantstore:app",
+        ],
+        env,
+    )
+    assert process.wait(WAIT) != 0
+    said = process.stderr.read()
+    named = [line for line in said.splitlines() if "PLANTSTORE_DB" in line]
+    # AppImportError's line, as it is
+    assert len(named) == 1 and named[0].startswith("PLANTSTORE_DB"), said
+    assert_no_secret_and_the_option_named(said, form)
+    assert list(work.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+AWKWARD_PASSWORD = "S3c@re?t#PW"  # @ ? #: each written percent-encoded in a URL
+
+
+@pytest.fixture
+def awkward_role(limited_role, postgres):
+    """limited_role, its password holding @ ? and #, given its tables by their owner;
+    and its URL."""
+    with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+        db.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(limited_role["role"]), sql.Literal(AWKWARD_PASSWORD)
+            )
+        )
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
+    grant_the_tables(limited_role)
+    role = limited_role["role"]
+    encoded = (
+        AWKWARD_PASSWORD.replace("@", "%40").replace("?", "%3F").replace("#", "%23")
+    )
+    return {
+        **limited_role,
+        "url": f"postgresql://{role}:{encoded}@127.0.0.1:{postgres.port}/{role}",
+    }
+
+
+def test_edges_a_percent_encoded_password_connects_and_shows_on_no_start_or_outage_line(
+    awkward_role, spawn
+):
+    role = awkward_role["role"]
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=awkward_role["url"]
+        ),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert f"plants in PostgreSQL postgresql://{role}@127.0.0.1:" in "".join(err.seen)
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
+    with psycopg.connect(awkward_role["owner"], autocommit=True) as db:
+        # stored, by the role with that password
+        assert db.execute("SELECT id FROM plants").fetchall() == [(1,)]
+
+        def may_log_in(yes):
+            db.execute(
+                sql.SQL("ALTER ROLE {} " + ("LOGIN" if yes else "NOLOGIN")).format(
+                    sql.Identifier(role)
+                )
+            )
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = %s",
+                [role],
+            )
+            wait_until(
+                lambda: (
+                    not db.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE usename = %s", [role]
+                    ).fetchall()
+                ),
+                "the role's connections stayed",
+            )
+
+        may_log_in(False)  # an outage: its connection is gone, and no new one is let in
+        try:
+            status, headers, body = exchange(
+                host, port, "POST", "/plants", {"id": 2, "name": "Ivy"}
+            )
+            assert (
+                status == 503
+                and int(headers["Retry-After"]) > 0
+                and body["error"] == 503
+            )
+            err.until("is unavailable")
+        finally:
+            may_log_in(True)
+    assert post_over_http(host, port, TOKEN, {"id": 3, "name": "Moss"}) == (
+        200,
+        {"name": "Moss"},
+    )
+    err.until("reachable again")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    said = err.rest()
+    assert f"postgresql://{role}@127.0.0.1" in said and "Traceback" not in said
+    for part in (AWKWARD_PASSWORD, "S3c", "re?t", "#PW", "%40re", "%23PW"):
+        assert part not in said
+
+
+def test_edges_a_table_locked_elsewhere_costs_requests_their_bound_not_the_locks_length(
+    spawn, pg_url
+):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    _, host, port, _ = start_gunicorn(spawn, env, 1, 8)
+    deadline = time.monotonic() + WAIT
+    # the worker has built the app, and made the tables: asking no question of the
+    # database
+    while True:
+        with contextlib.suppress(OSError):
+            if exchange(host, port, "GET", "/openapi.json")[0] == 200:
+                break
+        assert time.monotonic() < deadline, "gunicorn never served"
+        time.sleep(0.05)
+    # not autocommit: the lock lasts until the transaction ends
+    locker = psycopg.connect(pg_url)
+    locker.execute("LOCK TABLE plants IN ACCESS EXCLUSIVE MODE")
+    released, release_once = threading.Event(), threading.Lock()
+
+    def release():
+        with release_once:
+            if not released.is_set():
+                # set first: an answer that finds it unset came while the lock was held
+                released.set()
+                locker.rollback()
+
+    # the lock is held ~15 s at most, whatever happens here
+    timer = threading.Timer(15, release)
+    timer.start()
+    try:
+
+        def ask(n):
+            if n < 4:
+                answer = exchange(
+                    host, port, "POST", "/plants", {"id": n, "name": f"p{n}"}
+                )
+            else:
+                answer = exchange(host, port, "GET", "/health")
+            return (*answer, released.is_set())
+
+        answers = in_threads(6, ask)
+    finally:
+        release()
+        timer.cancel()
+        locker.close()
+    # each answered while the lock was still held
+    assert [late for *_, late in answers] == [False] * 6
+    for status, headers, body, _ in answers[:4]:  # the creates
+        assert (status, body.get("error")) == (503, 503) and int(
+            headers["Retry-After"]
+        ) > 0, body
+    # The health checks: the database answers (a lock on one table is no outage, and a
+    # 503 here would take every instance out of its load balancer at once), within their
+    # own bound.
+    assert [(status, body) for status, _, body, _ in answers[4:]] == [
+        (200, {"status": "ok"})
+    ] * 2
+    # a create cut at its bound may have been committed since: 200, or 409
+    for n in range(4):
+        assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (
+            200,
+            409,
+        )
+    assert post_over_http(host, port, TOKEN, {"id": 10, "name": "after"}) == (
+        200,
+        {"name": "after"},
+    )
+    assert exchange(host, port, "GET", "/health")[0] == 200
+
+
+def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_instance(
+    spawn, pg_url
+):
+    def embedded(url):
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", "0"],
+            environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        )
+        err = Lines(process.stderr)
+        return (
+            process,
+            err,
+            err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(),
+        )
+
+    # its connections, named
+    flooded, flooded_err, address = embedded(pg_url + "?application_name=flooded")
+    _, _, other = embedded(pg_url)
+    ending, statuses = time.monotonic() + 4, []
+
+    def flood():
+        while time.monotonic() < ending:
+            try:
+                statuses.append(exchange(*address, "GET", "/health")[0])
+            except OSError as error:
+                # counted: a refused or reset connection is an answer too
+                statuses.append(repr(error))
+
+    clients = [threading.Thread(target=flood) for _ in range(60)]
+    for client in clients:
+        client.start()
+    held, created = [], None
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            while time.monotonic() < ending:
+                held.append(
+                    db.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = 'flooded'"
+                    ).fetchone()[0]
+                )
+                # the flood is on: a create on the other instance
+                if created is None and len(statuses) > 60:
+                    created = (
+                        post_over_http(*other, TOKEN, {"id": 1, "name": "Fern"}),
+                        time.monotonic() < ending,
+                    )
+                time.sleep(0.05)
+    finally:
+        for client in clients:
+            client.join(WAIT)
+    # answered while the flood was still on
+    assert created == ((200, {"name": "Fern"}), True)
+    assert max(held) <= plantstore.SQLStore.POOL_SIZE + 1, held
+    assert len(statuses) > 60 and set(statuses) == {200}
+    flooded.send_signal(signal.SIGINT)
+    assert flooded.wait(WAIT) == 0
+    assert "unavailable" not in flooded_err.rest()
+
+
 # ---- Backups, restores and the move to PostgreSQL (docs/operations.md) ----
 
 
@@ -423,3 +760,92 @@ def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(
     assert parameters.items() <= read.items()
     # a URL libpq reads back: brackets, %2F for a socket
     assert said == f"PostgreSQL {shown}"
+
+
+# ---- A real PostgreSQL 15: a role that may not create tables in schema public ----
+
+
+@pytest.fixture
+def limited_role(postgres):
+    """A fresh database of the suite's superuser, and a role that may log in, nothing
+    more."""
+    name, password = f"settings_{secrets.token_hex(4)}", secrets.token_urlsafe(12)
+    base = postgres.url.rpartition("/")[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
+        db.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        db.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+    host_port = base.rpartition("@")[2]
+    try:
+        yield {
+            "owner": f"{base}/{name}",
+            "role": name,
+            "password": password,
+            "url": f"postgresql://{name}:{password}@{host_port}/{name}",
+        }
+    finally:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
+            db.execute(
+                sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def grant_the_tables(limited_role):
+    with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+        db.execute(
+            sql.SQL(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO {}"
+            ).format(sql.Identifier(limited_role["role"]))
+        )
+
+
+def test_settings_a_role_without_create_on_public_is_refused_in_one_line(
+    limited_role, tmp_path
+):
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=limited_role["url"])
+    said = "".join(lines)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in said
+    assert said.startswith("plantstore: PLANTSTORE_DB") and "CREATE" in said
+    assert limited_role["password"] not in said
+
+
+def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
+    limited_role,
+):
+    # the owner makes the tables, grants nothing
+    PostgresStore(limited_role["owner"])
+    with pytest.raises(ValueError) as refusal:
+        PostgresStore(limited_role["url"])
+    assert "SELECT, INSERT, UPDATE and DELETE" in str(refusal.value)
+    assert limited_role["password"] not in str(refusal.value)
+
+
+def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
+    limited_role,
+):
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
+    grant_the_tables(limited_role)
+    store = PostgresStore(limited_role["url"])
+    assert store.add(7, "Fern", None) is True and store.add(7, "Fern", None) is False
+    assert [(name, tag) for _, name, tag in store.page(None, 10)] == [("Fern", None)]
+    assert store.delete(7) is True
+
+
+def test_settings_a_libpq_string_reaches_the_database_the_url_does(
+    limited_role, postgres
+):
+    PostgresStore(limited_role["owner"])
+    grant_the_tables(limited_role)
+    role, password = limited_role["role"], limited_role["password"]
+    keywords = (
+        f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
+        f"dbname={role}"
+    )
+    assert PostgresStore(keywords).add(1, "Fern", "indoor") is True
+    upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
+    plants = PostgresStore(upper).page(None, 10)
+    assert [(name, tag) for _, name, tag in plants] == [("Fern", "indoor")]
