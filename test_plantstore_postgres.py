@@ -6,13 +6,20 @@ are the tests every store passes, PostgreSQL included."""
 
 import concurrent.futures
 import contextlib
+import http.client
+import http.server
+import itertools
+import json
 import os
+import random
 import re
 import secrets
 import signal
+import sqlite3
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -22,7 +29,7 @@ from psycopg import sql
 import plantstore
 import plantstore_postgres
 from plantstore_postgres import PostgresStore
-from plantstore import make_app
+from plantstore import INT64_MAX, INT64_MIN, SQLiteStore, make_app
 from test_plantstore import (
     AUTH,
     HERE,
@@ -30,21 +37,26 @@ from test_plantstore import (
     SECRET_SPELLINGS,
     TOKEN,
     WAIT,
+    Creates,
     Lines,
+    Runbook,
     assert_secret_kept,
     assert_unavailable,
     environ_without_tokens,
     exchange,
     free_port,
     in_threads,
+    listed_ids,
     next_link,
     over_http,
     post,
     post_over_http,
     run_plantstore,
+    serve_batches,
     serve_plantstore,
     start_gunicorn,
     stop_service,
+    stored_plants,
     wait_until,
 )
 
@@ -54,6 +66,7 @@ from test_plantstore import (
     pg_url as pg_url,
     postgres as postgres,
     receiver as receiver,
+    runbook as runbook,
     spawn as spawn,
 )
 
@@ -241,6 +254,271 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(WAIT)
     assert "unavailable" not in err.rest()  # no request failed, so no outage was seen
+
+
+# ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
+
+
+def cluster_pids(postgres):
+    """The postmaster of the suite's PostgreSQL and every process it started (its
+    backends among them)."""
+    postmaster = int(
+        (postgres.folder / "data" / "postmaster.pid").read_text().split()[0]
+    )
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def creates_until(address, first_id, count, wait):
+    """Send creates one after another until `count` are answered 200, within `wait`
+    seconds; return the ids."""
+    created, deadline = [], time.monotonic() + wait
+    for plant_id in itertools.count(first_id):
+        assert time.monotonic() < deadline, (
+            f"creates did not succeed again ({len(created)} of {count})"
+        )
+        status, headers, _ = exchange(
+            *address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"}
+        )
+        assert status in (200, 503) and (status == 200 or "Retry-After" in headers), (
+            status,
+            headers,
+        )
+        if status == 200:
+            created.append(plant_id)
+            if len(created) == count:
+                return created
+        else:
+            time.sleep(0.05)
+
+
+def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_every_200(
+    spawn, postgres, pg_url
+):
+    """pg_ctl stop -m immediate while 16 clients create: every answer is 200, or 503
+    with Retry-After; nothing answered 200 is missing once PostgreSQL is back; and
+    creates succeed again with the same gunicorn."""
+    _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
+    answers, done = [], threading.Event()
+
+    def client(n):
+        for k in range(2000):
+            if done.is_set():
+                return
+            plant_id = n * 100_000 + k
+            try:
+                status, headers, body = exchange(
+                    *address,
+                    "POST",
+                    "/plants",
+                    {"id": plant_id, "name": f"p{plant_id}"},
+                )
+            except (OSError, http.client.HTTPException) as error:
+                # fails the test below
+                status, headers, body = repr(error), {}, None
+            answers.append((plant_id, status, headers.get("Retry-After"), body))
+            if status != 200:
+                # a real client would wait Retry-After seconds; the test keeps it short
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for thread in clients:
+        thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while len(answers) < 100:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        try:
+            postgres._pg(
+                "pg_ctl",
+                "-D",
+                postgres.folder / "data",
+                "-w",
+                "-t",
+                WAIT,
+                "-m",
+                "immediate",
+                "stop",
+            )
+            time.sleep(1)
+        finally:
+            postgres.start()
+        # the same servers, with new connections
+        creates_until(address, 10_000_000, 10, WAIT)
+    finally:
+        done.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert {status for _, status, _, _ in answers} == {200, 503}
+    for _, status, retry_after, body in answers:
+        assert status == 200 or (int(retry_after) > 0 and body["error"] == 503), (
+            status,
+            retry_after,
+            body,
+        )
+    plants = stored_plants(pg_url)
+    assert all(
+        plant_id in plants for plant_id, status, _, _ in answers if status == 200
+    )
+
+
+def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_stalled(
+    spawn, postgres, pg_url
+):
+    """kill -STOP of every process of the cluster: the creates waiting for it answer 503
+    with Retry-After within their bound, while it is still stopped; after kill -CONT
+    creates answer 200 again."""
+    _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
+    # each worker has its writer, connections in its pool
+    creates_until(address, 0, 16, WAIT)
+    answers, stalled = {}, []
+
+    def send(n):
+        answers[n] = exchange(
+            *address, "POST", "/plants", {"id": 100 + n, "name": f"stalled {n}"}
+        )
+
+    # 2 workers x 4 threads
+    senders = [threading.Thread(target=send, args=(n,), daemon=True) for n in range(8)]
+    try:
+        postmaster = cluster_pids(postgres)[0]
+        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
+        stalled.append(postmaster)
+        for pid in cluster_pids(postgres)[1:]:
+            os.kill(pid, signal.SIGSTOP)
+            stalled.append(pid)
+        for thread in senders:
+            thread.start()
+        # generous: two rounds of 4 threads
+        deadline = time.monotonic() + 3 * plantstore.DB_WAIT_SECONDS
+        for thread in senders:
+            thread.join(max(0, deadline - time.monotonic()))
+        answered = dict(answers)  # as they are while the database is still stopped
+    finally:
+        for pid in reversed(stalled):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert len(answered) == 8, (
+        f"{8 - len(answered)} of 8 creates got no answer while the database was stalled"
+    )
+    for status, headers, body in answered.values():
+        assert (
+            status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503
+        ), (status, headers, body)
+    created = creates_until(address, 1000, 8, WAIT)
+    assert set(created) <= set(stored_plants(pg_url))
+
+
+# ---- Two gunicorn instances on one PostgreSQL ----
+
+
+@pytest.fixture
+def two_instances(spawn, pg_url):
+    """Two gunicorn instances x 2 workers x 4 threads, as on two machines, on the
+    suite's PostgreSQL."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    return [start_gunicorn(spawn, env, workers=2, threads=4) for _ in range(2)]
+
+
+def test_two_gunicorn_instances_on_postgres_share_ids_and_order(two_instances):
+    addresses = [(host, port) for _, host, port, _ in two_instances]
+    attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
+    statuses = in_threads(
+        len(attempts),
+        lambda k: post_over_http(
+            *addresses[k % 2],
+            TOKEN,
+            {
+                "id": attempts[k][0],
+                "name": f"id {attempts[k][0]} by racer {attempts[k][1]}",
+            },
+        )[0],
+    )
+    assert sorted(statuses) == [200] * 20 + [409] * 300
+    for plant_id in range(100, 110):  # one after another, on alternate instances
+        assert (
+            post_over_http(
+                *addresses[plant_id % 2],
+                TOKEN,
+                {"id": plant_id, "name": f"id {plant_id}"},
+            )[0]
+            == 200
+        )
+    first, second = (
+        over_http(*address, TOKEN, "GET", "/plants") for address in addresses
+    )
+    assert first == second and first[0] == 200
+    assert [p["name"] for p in first[1][20:]] == [
+        f"id {plant_id}" for plant_id in range(100, 110)
+    ]
+    assert sorted(int(p["name"].split()[1]) for p in first[1][:20]) == list(range(20))
+    # kill -9 of one instance: the other serves on
+    os.killpg(two_instances[0][0].pid, signal.SIGKILL)
+    two_instances[0][0].wait(WAIT)
+    assert (
+        post_over_http(*addresses[1], TOKEN, {"id": 200, "name": "after the kill"})[0]
+        == 200
+    )
+    assert over_http(*addresses[1], TOKEN, "GET", "/plants")[1] == first[1] + [
+        {"name": "after the kill"}
+    ]
+
+
+def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postgres):
+    addresses = [(host, port) for _, host, port, _ in two_instances]
+    answers, acknowledged, stop = [], [], threading.Event()
+
+    def client(n):
+        for k in itertools.count():
+            if stop.is_set():
+                return
+            plant_id = n * 1_000_000 + k
+            status, headers, _ = exchange(
+                *addresses[k % 2],
+                "POST",
+                "/plants",
+                {"id": plant_id, "name": f"p{plant_id}"},
+            )
+            answers.append((status, "Retry-After" in headers))
+            if status == 200:
+                acknowledged.append(plant_id)
+            else:
+                # a real client would wait Retry-After seconds; the test keeps it short
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        postgres.stop()
+        time.sleep(1)
+        postgres.start()
+        for address in addresses:  # each instance serves again, with nothing restarted
+            deadline = time.monotonic() + WAIT
+            while exchange(*address, "GET", "/plants?limit=1")[0] != 200:
+                assert time.monotonic() < deadline, "an instance did not recover"
+                time.sleep(0.1)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert {status for status, _ in answers} == {200, 503}
+    assert all(has_retry_after for status, has_retry_after in answers if status == 503)
+    listed = {p["name"] for p in over_http(*addresses[0], TOKEN, "GET", "/plants")[1]}
+    # nothing answered 200 is lost
+    assert {f"p{plant_id}" for plant_id in acknowledged} <= listed
+    for process, _, _, err in two_instances:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(WAIT)
+        logged = err.rest()
+        assert "is unavailable" in logged and postgres.password not in logged
 
 
 # ---- Promises at the edges (issue 29) ----
@@ -574,6 +852,266 @@ def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_insta
 
 
 # ---- Backups, restores and the move to PostgreSQL (docs/operations.md) ----
+
+
+@pytest.fixture
+def runbook_pg(runbook, postgres, tmp_path):
+    """The same, with the suite's PostgreSQL emptied: its password in a file of libpq's,
+    never in $PG."""
+    postgres.reset()
+    password_file = tmp_path / "pgpass"
+    password_file.write_text(
+        f"127.0.0.1:{postgres.port}:plantstore:plantstore:{postgres.password}\n"
+    )
+    password_file.chmod(0o600)
+    return Runbook(
+        tmp_path,
+        **{
+            **runbook.settings,
+            "PG": f"postgresql://plantstore@127.0.0.1:{postgres.port}/plantstore",
+        },
+    )
+
+
+def test_operations_postgres_backup_amid_creates_restores_all_answered_before_it(
+    runbook_pg, postgres, spawn
+):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=postgres.url)
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    creates = Creates(host, port)
+    before = creates.wait_for(200)
+    backup = Path(runbook_pg.run("postgres-backup").strip())
+    creates.wait_for(len(creates.answered) + 200)  # creates go on during and after it
+    answered = creates.stop()
+    assert creates.statuses.keys() == {200} and backup.stat().st_mode & 0o777 == 0o600
+    # a mistake, to be undone
+    status, _ = over_http(host, port, TOKEN, "DELETE", f"/plants/{min(before)}")
+    assert status == 204
+    stop_service(service)
+    said = runbook_pg.run("postgres-restore")
+    process, host, port, _ = serve_plantstore(spawn, env)
+    restored = listed_ids(host, port)
+    assert said == f"{len(restored)} plants, 0 waiting events\n"
+    assert before <= set(restored) < answered and len(restored) == len(set(restored))
+    # the identity too
+    assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200
+    assert listed_ids(host, port)[-1] == -1
+
+
+HARD_PIECES = [
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "\U0001f335",
+    "\U0001fab4",
+    "\u862d",
+    "\u30b7\u30c0",
+    "\t",
+    "\\",
+    "\\N",
+    "\n",
+    "\r",
+    "'",
+    '"',
+    ",",
+    "\x1b",
+    "\x7f",
+    "\u2028",
+    "\ufeff",
+    "\x01",
+    " ",
+    "NULL",
+    "{}",
+]
+
+
+def hard_plants(rng, count):
+    """count plants whose names and tags hold what a copy by text would break, over the
+    whole int64 range."""
+    ids = [
+        INT64_MIN,
+        INT64_MAX,
+        0,
+        -1,
+        *rng.sample(range(-(2**62) + 1, 2**62), count - 4),
+    ]
+    return [
+        (
+            plant_id,
+            f"{n} " + "".join(rng.choices(HARD_PIECES, k=rng.randrange(12))),
+            rng.choice([None, "", "indoor", "\x00", "\udc80\U0001f33f"]),
+        )
+        for n, plant_id in enumerate(ids)
+    ]
+
+
+EVENT_COLUMNS = "seq, url, webhook_id, body, attempts, next_at, lease"
+
+
+def rows(db, sql):
+    return [
+        tuple(bytes(value) if isinstance(value, memoryview) else value for value in row)
+        for row in db.execute(sql).fetchall()
+    ]
+
+
+def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting_event(
+    runbook_pg, postgres, spawn, receiver
+):
+    """docs/operations.md's move, command by command: 2,000 hard names, deletions, ids
+    made again, events."""
+    rng, path = random.Random(30), str(runbook_pg.settings["SQLITE"])
+    old_hook, new_hook = receiver(), receiver()
+    old_hook.stop()  # the old receiver is gone: its events wait
+    plants, store = hard_plants(rng, 2000), SQLiteStore(path)
+    for plant_id, name, tag in plants[:1700]:
+        assert store.add(plant_id, name, tag)
+    # from here, events wait; no sender of this process sends them
+    make_app(
+        [TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET
+    ).webhook_sender.close()
+    for plant_id, name, tag in plants[1700:]:
+        assert store.add(plant_id, name, tag)
+    again = []  # deleted, then made again: listed last
+    for plant_id, _, _ in rng.sample(plants, 100):
+        assert store.delete(plant_id)
+        if plant_id % 2:
+            assert store.add(plant_id, f"{plant_id} again \x00\ud800", None)
+            again.append(plant_id)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=path,
+        PLANTSTORE_WEBHOOK_URL=old_hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    for plant_id in range(1, 11):
+        assert (
+            post_over_http(
+                host,
+                port,
+                TOKEN,
+                {"id": plant_id, "name": f"{plant_id} over HTTP \ud83c"},
+            )[0]
+            == 200
+        )
+    # next links issued before the move, and the pages they led to
+    pages, link = {}, "/plants?limit=150"
+    while link:
+        status, headers, body = exchange(host, port, "GET", link)
+        assert status == 200
+        pages[link] = body
+        link = (
+            re.fullmatch(r'<([^>]+)>; rel="next"', headers["Link"])[1]
+            if "Link" in headers
+            else None
+        )
+    # an event tried already: a next_at of its own
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        deadline = time.monotonic() + WAIT
+        while not db.execute(
+            "SELECT count(*) FROM plant_events WHERE attempts > 0"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the sender tried no event"
+            time.sleep(0.05)
+    stop_service(service)  # the downtime starts
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        plants_before = rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
+        events_before = rows(
+            db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq"
+        )
+    assert (
+        len(plants_before) == 2000 - 100 + len(again) + 10
+        and len(events_before) == 300 + len(again) + 10
+    )
+
+    # started once on the empty database, then Ctrl-C
+    tables = runbook_pg.start(spawn, "make-tables")
+    # it serves: the tables are there
+    assert over_http(
+        *Lines(tables.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups(),
+        TOKEN,
+        "GET",
+        "/health",
+    ) == (200, {"status": "ok"})
+    os.killpg(tables.pid, signal.SIGINT)
+    assert tables.wait(WAIT) == 0
+    runbook_pg.run("pgloader-file")
+    runbook_pg.run("pgloader")
+    runbook_pg.run("empty-tables")  # a copy to do again, as the doc says
+    runbook_pg.run("pgloader")
+    assert runbook_pg.run("check-move") == "the same rows\n"
+    said = runbook_pg.run(
+        "repoint-postgres", OLD_URL=old_hook.url, NEW_URL=new_hook.url
+    )
+    assert f"UPDATE {len(events_before)}" in said
+    with psycopg.connect(postgres.url) as db:
+        # byte for byte
+        assert (
+            rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
+            == plants_before
+        )
+        events_after = rows(
+            db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq"
+        )
+    assert events_after == [
+        (seq, new_hook.url, *rest) for seq, _, *rest in events_before
+    ]
+
+    # the service, on PostgreSQL
+    env.update(PLANTSTORE_DB=postgres.url, PLANTSTORE_WEBHOOK_URL=new_hook.url)
+    service, host, port, err = start_gunicorn(spawn, env, 2, 4)
+    # every link issued before the move leads to the same page
+    for link, body in pages.items():
+        assert exchange(host, port, "GET", link)[::2] == (200, body)
+    assert post_over_http(
+        host, port, TOKEN, {"id": 11, "name": "11 after the move"}
+    ) == (200, {"name": "11 after the move"})
+    everything = over_http(host, port, TOKEN, "GET", "/plants")[1]
+    assert everything == [plant for body in pages.values() for plant in body] + [
+        {"name": "11 after the move"}
+    ]
+    # made before the move: in SQLite, again, over HTTP
+    for plant_id in INT64_MIN, again[0], 5:
+        assert over_http(host, port, TOKEN, "DELETE", f"/plants/{plant_id}")[0] == 204
+    waiting = {
+        webhook_id: json.loads(body) for _, _, webhook_id, body, *_ in events_before
+    }
+    delivered = wait_for_deliveries(new_hook, len(waiting) + 1)
+    # each, with its webhook-id
+    assert {webhook_id: delivered[webhook_id] for webhook_id in waiting} == waiting
+    assert [
+        delivered[webhook_id] for webhook_id in delivered.keys() - waiting.keys()
+    ] == [{"id": 11, "name": "11 after the move"}]
+    stop_service(service)
+    logged = err.rest()
+    # no event was lost to the old URL
+    assert "dropped" not in logged and postgres.password not in logged
+    # a line from each worker that moved it
+    moved = [line for line in logged.splitlines() if "identity" in line]
+    assert {re.search(r"\b(plants|plant_events)\b", line)[1] for line in moved} == {
+        "plant_events",
+        "plants",
+    }
+
+
+def wait_for_deliveries(hook, count):
+    """{webhook-id: payload} of the deliveries answered 2xx, once count different ones
+    came."""
+    deadline = time.monotonic() + WAIT
+    while (
+        len(
+            delivered := {
+                webhook_id: payload
+                for webhook_id, payload, status in list(hook.deliveries)
+                if 200 <= status < 300
+            }
+        )
+        < count
+    ):
+        assert time.monotonic() < deadline, f"{len(delivered)} of {count} events came"
+        time.sleep(0.05)
+    return delivered
 
 
 def identity_behind(url, plant_seqs, event_seqs, webhook_url="http://127.0.0.1:1/hook"):
