@@ -1121,19 +1121,21 @@ class Background:
 
     def __init__(self, name, loop, prepare=lambda: None):
         self.name, self.loop, self.prepare = name, loop, prepare
-        self._thread, self._resume = None, False
-        self._stop = self._wake = threading.Event()
+        self._thread, self._stopping, self._wake = None, False, threading.Event()
         me = weakref.ref(self)  # the hooks outlive a Background no longer used
         os.register_at_fork(
-            before=lambda: me() and me()._before_fork(),
-            after_in_parent=lambda: me() and me()._after_fork(),
-            after_in_child=lambda: me() and me()._after_fork(),
+            before=lambda: me() and me()._fork(),
+            after_in_parent=lambda: me() and me()._forked(),
+            after_in_child=lambda: me() and me()._forked(),
         )
 
+    def running(self):
+        return bool(self._thread and self._thread.is_alive())
+
     def start(self):
-        if not (self._thread and self._thread.is_alive()):
+        if not self.running():
             self.prepare()  # before the thread, and before a fork's child serves
-            self._stop, self._wake = threading.Event(), threading.Event()
+            self._stopping, self._wake = False, threading.Event()
             self._thread = threading.Thread(target=self.loop, name=self.name)
             # A stop's signals go to another thread, the main one: a server's handler
             # that ends the interpreter (uWSGI's) would wait here for this thread.
@@ -1145,8 +1147,8 @@ class Background:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def stop(self):
-        if self._thread and self._thread.is_alive():
-            self._stop.set()
+        if self.running():
+            self._stopping = True
             self._wake.set()
             self._thread.join()
 
@@ -1154,17 +1156,16 @@ class Background:
         """Wait up to `seconds` for a wake(); whether the thread is to go on."""
         if self._wake.wait(seconds):
             self._wake.clear()
-        alive = threading.main_thread().is_alive()
-        return alive and not self._stop.is_set()
+        return threading.main_thread().is_alive() and not self._stopping
 
     def wake(self):
         self._wake.set()
 
-    def _before_fork(self):
-        self._resume = bool(self._thread and self._thread.is_alive())
+    def _fork(self):
+        self._resume = self.running()
         self.stop()
 
-    def _after_fork(self):
+    def _forked(self):
         if self._resume:
             self.start()
 
