@@ -3,14 +3,14 @@
 
     BENCH_BATCHES=DIR PYTHONPATH=benchmarks granian ... batch_sizes:app    (or gunicorn)
 
-With group commit, each serving process has one writer thread that writes every create
-waiting at that moment in one transaction: one call of SQLStore._write_batch(batch), one
-commit. This module wraps that method of SQLiteStore and PostgresStore to count
-len(batch) per call, and each process writes its counts, {size: batches}, to
-DIR/<pid>.json every half second. The app is plantstore's own object, so a request costs
-what it costs under plantstore:app; the counting costs one call and a dict update per
-batch. A plantstore without _write_batch (before group commit) is served as it is, and
-nothing is counted.
+With group commit, the first create that finds no batch being written in its process
+writes the creates waiting at that moment (up to SQLStore.BATCH and BATCH_BYTES) in
+one transaction: one call of SQLStore._write_batch(batch), one commit. This module
+wraps that method of SQLiteStore and PostgresStore to count len(batch) per call, and
+each process writes its counts, {size: batches}, to DIR/<pid>.json every half second.
+The app is plantstore's own object, so a request costs what it costs under
+plantstore:app; the counting costs one call and a dict update per batch. A plantstore
+without _write_batch (before group commit) is served as it is, and nothing is counted.
 """
 
 import json
