@@ -5832,93 +5832,37 @@ def doc_table(name, above):
     return rows[2:]  # past the header and its |---| line
 
 
-def served_routes():
-    """{route: its Allow}, asked of the app: its 404 names the routes, OPTIONS the
-    methods."""
-    asked = webtest.TestApp(make_app([TOKEN]))
-    named = asked.get("/", status=404).json["message"]
-    routes = {}
-    for route in re.findall(r"/[^\s,]*", named):
-        url = route.replace("{id}", "1")
-        routes[route] = asked.options(url, status=204).headers["Allow"]
-    return routes
-
-
 def served_document():
     return webtest.TestApp(make_app([TOKEN])).get("/openapi.json", status=200).json
 
 
-def test_readme_route_table_gives_each_route_the_methods_it_answers():
-    served, listed = served_routes(), set()
-    for where, (route, methods, *_) in doc_table("README.md", "The routes, in short"):
-        route = route.strip("`")
-        listed.add(route)
-        said = set(re.findall(r"`([A-Z]+)`", methods)) & HTTP_METHODS
-        allow = served.get(route, "nothing: no such route")
-        assert said == set(allow.split(", ")), f"{where}: {route} has Allow: {allow}"
-    assert listed == set(served), f"README.md's routes: the app has {sorted(served)}"
-
-
-def test_readme_route_table_says_which_routes_need_no_token():
-    asked, served = webtest.TestApp(make_app([TOKEN])), served_routes()
-    for where, (route, methods, *_) in doc_table("README.md", "The routes, in short"):
-        url, allow = route.strip("`").replace("{id}", "1"), served[route.strip("`")]
-        method = min(set(allow.split(", ")) - {"HEAD", "OPTIONS"})  # GET, or DELETE
-        answer = asked.request(url, method=method, expect_errors=True)
-        public, said = answer.status_int != 401, "without a token" in methods
-        assert said == public, f"{where}: {method} {url} is {answer.status} without one"
-
-
-def test_http_md_route_table_gives_each_route_its_operations_and_allow():
-    served, document = served_routes(), served_document()
+def test_http_md_route_table_is_the_app_s():
+    """The one table of the routes: each route's operations and their operationIds, its
+    Allow and whether it needs the token, as Application.routes declares them and the
+    app serves them; and the webhook the document lists beside them."""
+    application, document = make_app([TOKEN]), served_document()
     rows = doc_table("docs/http.md", "## The routes and their methods")
-    for where, (route, operations, allow, *_) in rows:
-        route = route.strip("`")
-        allowed = served.get(route)
-        assert allow.strip("`") == allowed, f"{where}: Allow is {allowed}"
+    for where, (route, operations, allow, token, *_) in rows:
+        route, allow, declared = route.strip("`"), allow.strip("`"), {}
+        assert route in application.routes, f"{where}: the app has no route {route}"
+        for method, (_, operation_id, needs) in application.routes[route].items():
+            declared[method] = operation_id
+            served = document["paths"][route][method.lower()]["operationId"]
+            assert served == operation_id, f"{where}: the document says {served}"
+            said = {"needed": True, "none": False}.get(token)
+            assert said == needs, f"{where}: {method} {route} needs a token: {needs}"
         said = dict(re.findall(r"`([A-Z]+)` \((\w+)\)", operations))
-        ids = {
-            method.upper(): operation["operationId"]
-            for method, operation in document["paths"].get(route, {}).items()
-            if method != "parameters"
-        }
-        assert said == ids, f"{where}: {route}'s operations are {ids}"
-    listed = {cells[0].strip("`") for _, cells in rows}
-    assert listed == set(served), f"docs/http.md's routes: the app has {sorted(served)}"
-
-
-def test_http_md_head_on_the_route_without_get_is_405_as_it_says():
-    where, said = doc_find(
-        "docs/http.md", r"405 with `Allow: ([^`]+)` on `([^`]+)`, which has no `GET`"
-    )
-    allow, route = said.groups()
-    answer = webtest.TestApp(make_app([TOKEN])).head(
-        route.replace("{id}", "1"), headers=AUTH, expect_errors=True
-    )
-    got = answer.status_int, answer.headers.get("Allow")
-    assert got == (405, allow), f"{where}: HEAD {route} is {got}"
-
-
-def test_decisions_md_404_and_405_rows_name_the_routes_and_their_methods():
-    served, asked, rows = served_routes(), webtest.TestApp(make_app([TOKEN])), {}
-    for where, (status, *cells) in doc_table("docs/decisions.md", "| status | when |"):
-        rows.setdefault(status, (where, cells))  # the first 404: no such path
-    where, (when, _) = rows["404"]
-    routes, _, others = when.partition("(also")
-    said = set(re.findall(r"`(/[^`]*)`", routes))
-    assert said == set(served), f"{where}: the routes are {sorted(served)}"
-    for path in re.findall(r"`(/[^`]*)`", others):  # never a route
-        status = asked.get(path, expect_errors=True).status_int
-        assert status == 404, f"{where}: {path} is {status}"
-    where, (when, headers) = rows["405"]
-    for part in re.split(r",\s*(?=`)", when.partition(": ")[2]):  # `/a` and `/b` have X
-        for route in re.findall(r"`(/[^`]*)`", part):
-            said = set(re.findall(r"[A-Z]+", part)) & HTTP_METHODS
-            allowed = served[route]
-            assert said == set(allowed.split(", ")), f"{where}: {route}: {allowed}"
-    said = set(re.findall(r"`Allow: ([^`]+)`", headers))
-    every = set(served.values())
-    assert said == every, f"{where}: Allow is one of {every}"
+        assert said == declared, f"{where}: {route}'s operations are {declared}"
+        url = route.replace("{id}", "1")
+        sent = webtest.TestApp(application).options(url).headers["Allow"]
+        assert allow == sent, f"{where}: Allow is {sent}"
+        rule = {*declared, "OPTIONS", *(["HEAD"] if "GET" in declared else [])}
+        assert allow == ", ".join(sorted(rule)), f"{where}: OPTIONS, HEAD with GET"
+    listed, routes = {cells[0].strip("`") for _, cells in rows}, set(application.routes)
+    assert listed == routes, f"docs/http.md's routes: the app has {sorted(routes)}"
+    where, said = doc_find("docs/http.md", r"the service sends, `POST ([^`]+)` \((\w+)")
+    sent = document["webhooks"][said[1]]["post"]["operationId"]
+    assert sent == said[2], f"{where}: the webhook's operationId is {sent}"
 
 
 def test_readme_settings_table_lists_what_help_lists():
@@ -5952,22 +5896,16 @@ def python_function(operation):
     return f"api.{operation['tags'][0]}.{snake}"
 
 
-def test_generated_clients_md_names_each_operation_as_the_document_does():
-    document, listed = served_document(), set()
-    rows = doc_table("docs/generated-clients.md", "| operation | operationId |")
-    for where, (operation, operation_id, python, typescript, *_) in rows:
-        method, path = re.search(r"`([A-Z]+) ([^`]+)`", operation).groups()
-        listed.add((method, path))
-        items = document["webhooks" if "webhook" in operation else "paths"]
-        served = items.get(path, {}).get(method.lower(), {"operationId": "none"})
-        served_id = served["operationId"]
-        assert operation_id == f"`{served_id}`", f"{where}: the id is {served_id}"
-        assert f'operations["{served_id}"]' in typescript, f"{where}: it is {served_id}"
-        if "webhook" not in operation:  # the service sends it: no client calls it
-            function = python_function(served)
-            assert python == f"`{function}`", f"{where}: the function is {function}"
-    every = {(method, path) for method, path, _ in operations(document)}
-    assert listed == every, f"docs/generated-clients.md: the document has {every}"
+def test_generated_clients_md_names_functions_as_the_generator_does():
+    functions = {
+        operation["operationId"]: python_function(operation)
+        for _, _, operation in operations(served_document())
+    }
+    examples = doc_matches("docs/generated-clients.md", r"`(\w+)` is `(api\.[\w.]+)`")
+    assert examples, "docs/generated-clients.md no longer says how functions are named"
+    for where, said in examples:
+        function = functions.get(said[1])
+        assert said[2] == function, f"{where}: {said[1]}'s function is {function}"
 
 
 def test_readme_and_the_example_name_functions_a_generated_client_has():
