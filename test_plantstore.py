@@ -8020,6 +8020,39 @@ def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
             assert got == value, f"{where}: {header} is {got}"
 
 
+def test_the_tour_quotes_plantstore_as_it_stands():
+    """Each ```python block of docs/tour.md is lines of plantstore.py as they stand: cut
+    at its lines that are `...`, every piece is found in the file, whole lines alike,
+    and the pieces of one section of the tour (from a heading to the next) are found in
+    the file's order, each below the one before. The order starts afresh at a heading,
+    and only there: the tour follows a request, which steps back up the file to the
+    helpers it calls (step 3, the bearer check, is above step 2, routing), while within
+    a step it reads downwards, as the file does."""
+    source = "\n" + (HERE / "plantstore.py").read_text(encoding="utf-8")
+    pieces, piece, python, fence, section = [], [], False, False, 0
+    for number, line in enumerate(doc_text("docs/tour.md").splitlines(), 1):
+        if python and (line == "```" or line.strip() == "..."):  # a piece ends
+            if piece:
+                pieces.append((section, piece[0][0], [text for _, text in piece]))
+            piece, python = [], line != "```"
+        elif python:
+            piece.append((number, line))
+        elif line.startswith("```"):
+            python = line == "```python"
+            fence = not fence and not python  # another block: no heading inside
+        elif not fence and line.startswith("#"):  # a heading: the order starts afresh
+            section = len(pieces)
+    assert pieces, "docs/tour.md quotes no ```python block: the test reads nothing"
+    at = 0
+    for index, (section, number, lines) in enumerate(pieces):
+        wanted = "\n" + "\n".join(lines) + "\n"  # whole lines, indentation included
+        found = source.find(wanted, at if index > section else 0)
+        said = "above the one before it in" if wanted in source else "no longer in"
+        message = f"docs/tour.md:{number}: this excerpt is {said} plantstore.py:"
+        assert found >= 0, message + wanted.rstrip()
+        at = found + len(wanted) - 1  # its last line break starts the next piece
+
+
 # ---- The benchmark still runs (a smoke run, tiny counts; speed is not asserted) ----
 
 
