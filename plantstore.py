@@ -1121,19 +1121,21 @@ class Background:
 
     def __init__(self, name, loop, prepare=lambda: None):
         self.name, self.loop, self.prepare = name, loop, prepare
-        self._thread, self._resume = None, False
-        self._stop = self._wake = threading.Event()
+        self._thread, self._stopping, self._wake = None, False, threading.Event()
         me = weakref.ref(self)  # the hooks outlive a Background no longer used
         os.register_at_fork(
-            before=lambda: me() and me()._before_fork(),
-            after_in_parent=lambda: me() and me()._after_fork(),
-            after_in_child=lambda: me() and me()._after_fork(),
+            before=lambda: me() and me()._fork(),
+            after_in_parent=lambda: me() and me()._forked(),
+            after_in_child=lambda: me() and me()._forked(),
         )
 
+    def running(self):
+        return bool(self._thread and self._thread.is_alive())
+
     def start(self):
-        if not (self._thread and self._thread.is_alive()):
+        if not self.running():
             self.prepare()  # before the thread, and before a fork's child serves
-            self._stop, self._wake = threading.Event(), threading.Event()
+            self._stopping, self._wake = False, threading.Event()
             self._thread = threading.Thread(target=self.loop, name=self.name)
             # A stop's signals go to another thread, the main one: a server's handler
             # that ends the interpreter (uWSGI's) would wait here for this thread.
@@ -1145,8 +1147,8 @@ class Background:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def stop(self):
-        if self._thread and self._thread.is_alive():
-            self._stop.set()
+        if self.running():
+            self._stopping = True
             self._wake.set()
             self._thread.join()
 
@@ -1154,17 +1156,16 @@ class Background:
         """Wait up to `seconds` for a wake(); whether the thread is to go on."""
         if self._wake.wait(seconds):
             self._wake.clear()
-        alive = threading.main_thread().is_alive()
-        return alive and not self._stop.is_set()
+        return threading.main_thread().is_alive() and not self._stopping
 
     def wake(self):
         self._wake.set()
 
-    def _before_fork(self):
-        self._resume = bool(self._thread and self._thread.is_alive())
+    def _fork(self):
+        self._resume = self.running()
         self.stop()
 
-    def _after_fork(self):
+    def _forked(self):
         if self._resume:
             self.start()
 
@@ -1229,7 +1230,6 @@ class WebhookSender:
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
         # None: the outbox in memory
         self._store = store if isinstance(store, SQLStore) else None
-        self.outbox_is_sql = self._store is not None
         if self._store:
             store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
         self._waiting, self._dropping, self._closed = (0, 0), False, False
@@ -2156,22 +2156,6 @@ def db_mistake(value):
         return "holds a control character"
     if re.match(r"[A-Za-z][\w+.-]*//", value):
         return "looks like a URL without the ':' after its scheme"
-    # libpq's user-info ends at the first @ before a /
-    if re.match("(?i)postgres(ql)?://", value):
-        authority, _, path = value.partition("://")[2].partition("/")
-        user_info = authority.rpartition("@")[0]
-        database = path.partition("?")[0]
-        # else libpq reads a part of the password as the host, and shows it
-        if (
-            authority.count("@") > 1
-            or re.search("[?#]", user_info)
-            or "@" in database
-            or "#" in value
-        ):
-            return (
-                "is not a well-formed PostgreSQL URL: in the user name and password, "
-                "write @ as %40, / as %2F, ? as %3F and # as %23"
-            )
     return None
 
 
