@@ -29,6 +29,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -4088,27 +4089,89 @@ def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_onc
 
 
 def start_a_server(kind, spawn, env, database):
-    """Start plantstore under one of the servers; return (process, host, port) without
-    sending a request."""
+    """Start plantstore under one of the servers a user may pick, as its documentation
+    says, on a free loopback port; return it once it accepts connections, with no
+    request sent.
+
+    The answer has the process, its host and port, and output(): all it printed, once
+    it has ended.
+    """
+    env = {**env, "PYTHONPATH": str(HERE)}  # plantstore: this folder's, on any server
     if kind == "python-plantstore-py":
         process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
-        host, port = (
-            Lines(process.stderr)
-            .until(r"listening on http://([\d.]+):(\d+)/plants")
-            .groups()
-        )
-        return process, host, port
-    if kind == "granian":
+        log = Lines(process.stderr)
+        host, port = log.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+        logs = [log, Lines(process.stdout)]
+    elif kind == "granian":
         server = start_granian(spawn, env, database)
-        return server.process, "127.0.0.1", server.port
-    return start_gunicorn(
-        spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else [])
-    )[:3]
+        process, host, port = server.process, "127.0.0.1", server.port
+        logs = [server.log, Lines(process.stderr)]
+    elif kind in ("gunicorn", "gunicorn-preload"):
+        process, host, port, log = start_gunicorn(
+            spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else [])
+        )
+        logs = [log, Lines(process.stdout)]
+    else:
+        host, port = "127.0.0.1", free_port()
+        process = spawn(other_server_command(kind, host, port), env)
+        logs = [Lines(process.stdout), Lines(process.stderr)]
+        # a connection, and no request: the test is that none is needed
+        wait_listening(process, port)
+    return SimpleNamespace(
+        process=process,
+        host=host,
+        port=port,
+        output=lambda: "".join(log.rest() for log in logs),
+    )
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def other_server_command(kind, host, port):
+    """The command line of uWSGI, waitress, cheroot or werkzeug, each as its
+    documentation gives it, serving plantstore.app on host:port."""
+    scripts = Path(sysconfig.get_path("scripts"))  # the commands this Python installed
+    address = f"{host}:{port}"
+    return {
+        # uWSGI's recipe: deploy/plantstore.wsgi, two processes that stop on SIGTERM,
+        # each building the app after uWSGI forks it
+        "uwsgi": [
+            scripts / "uwsgi",
+            "--master",
+            "--processes",
+            "2",
+            "--die-on-term",
+            "--lazy-apps",
+            "--enable-threads",
+            "--http-socket",
+            address,
+            "--wsgi-file",
+            "deploy/plantstore.wsgi",
+            "--virtualenv",
+            sys.prefix,
+        ],
+        "waitress": [
+            scripts / "waitress-serve",
+            f"--listen={address}",
+            "plantstore:app",
+        ],
+        "cheroot": [scripts / "cheroot", "--bind", address, "plantstore:app"],
+        "werkzeug": [
+            sys.executable,
+            "-c",
+            "import plantstore; from werkzeug.serving import run_simple; "
+            f"run_simple({host!r}, {port}, plantstore.app, threaded=True)",
+        ],
+    }[kind]
+
+
 @pytest.mark.parametrize(
-    "kind", ["python-plantstore-py", "gunicorn", "gunicorn-preload", "granian"]
+    ("kind", "database"),
+    [
+        (kind, database)
+        for kind in ("python-plantstore-py", "gunicorn", "gunicorn-preload", "granian")
+        for database in ("sqlite", "postgres")
+    ]
+    # the other servers on SQLite alone: PostgreSQL's outbox is the same SQL, run above
+    + [(kind, "sqlite") for kind in ("uwsgi", "waitress", "cheroot", "werkzeug")],
 )
 def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(
     kind, database, spawn, receiver, tmp_path, request
@@ -4136,10 +4199,12 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         PLANTSTORE_WEBHOOK_URL=hook.url,
         PLANTSTORE_WEBHOOK_SECRET=SECRET,
     )
-    process, host, port = start_a_server(kind, spawn, env, database)
+    server = start_a_server(kind, spawn, env, database)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         statuses = pool.map(
-            lambda n: post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0],
+            lambda n: post_over_http(
+                server.host, server.port, TOKEN, {"id": n, "name": f"p{n}"}
+            )[0],
             range(50),
         )
         assert list(statuses) == [200] * 50
@@ -4152,8 +4217,8 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         ),
         "an attempt to a receiver that is down never ended",
     )
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(WAIT)
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait(WAIT)
     back = receiver(hook_port)
     start_a_server(kind, spawn, env, database)  # and no request, from here on
     wait_until(
