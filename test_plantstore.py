@@ -3925,7 +3925,8 @@ def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_insta
 
 class RawReceiver:
     """A webhook receiver on a raw socket: records each request's target and verified
-    payload, then sends `answer` as it is (HTTP or not) and closes."""
+    payload, then sends `answer` as it is (HTTP or not) and closes; with answer=None,
+    it sends nothing and holds the connection until the sender closes it."""
 
     def __init__(
         self,
@@ -3972,7 +3973,11 @@ class RawReceiver:
             self.requests.append(
                 (lines[0].split(" ")[1], self.verifier.verify(body, headers))
             )
-            connection.sendall(self.answer)
+            if self.answer is None:
+                while connection.recv(65536):
+                    pass
+            else:
+                connection.sendall(self.answer)
 
     def stop(self):
         self.listener.close()
@@ -4227,6 +4232,99 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         20,
     )
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
+
+
+def processes_in_group(group):
+    """The process ids of a process group still running (a zombie has ended)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # it ended meanwhile
+            # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+            state, _, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+            if int(pgrp) == group and state != "Z":
+                running.append(int(stat.parent.name))
+    return running
+
+
+@pytest.mark.parametrize(
+    ("kind", "stop"),
+    [
+        ("python-plantstore-py", signal.SIGTERM),
+        ("python-plantstore-py", signal.SIGINT),
+        ("gunicorn", signal.SIGTERM),
+        ("granian", signal.SIGTERM),
+        ("uwsgi", signal.SIGTERM),
+    ],
+    ids=[
+        "python-plantstore-py",
+        "python-plantstore-py-ctrl-c",
+        "gunicorn",
+        "granian",
+        "uwsgi",
+    ],
+)
+def test_edges_a_stop_with_deliveries_in_flight_is_clean_and_frees_their_events(
+    kind, stop, spawn, raw_receiver, receiver, tmp_path
+):
+    silent = raw_receiver(answer=None)  # takes each delivery, and never answers
+    db = tmp_path / "plants.sqlite3"
+
+    def outbox(query):
+        with contextlib.closing(sqlite3.connect(db)) as connection:
+            return connection.execute(query).fetchone()[0]
+
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=str(db),
+        PLANTSTORE_WEBHOOK_URL=silent.url(),
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    server = start_a_server(kind, spawn, env, "sqlite")
+    plants, workers = 12, 1 if kind == "python-plantstore-py" else 2
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # to each worker, likely
+        statuses = pool.map(
+            lambda n: post_over_http(
+                server.host, server.port, TOKEN, {"id": n, "name": f"p{n}"}
+            )[0],
+            range(plants),
+        )
+        assert list(statuses) == [200] * plants
+    # each worker sends as many at once as it may; the others wait
+    in_flight = plantstore.WebhookSender.PER_URL * workers
+    wait_until(
+        lambda: len(silent.requests) >= in_flight,
+        lambda: f"{len(silent.requests)} of {in_flight} attempts came",
+    )
+    assert outbox("SELECT count(*) FROM plant_events WHERE lease > 0") == in_flight
+    if stop == signal.SIGINT:  # Ctrl-C: the terminal signals its foreground group
+        os.killpg(server.process.pid, stop)
+    else:  # as systemd's KillMode=mixed stops a service: its main process alone
+        server.process.send_signal(stop)
+    wait_until(
+        lambda: (
+            server.process.poll() is not None
+            and not processes_in_group(server.process.pid)
+        ),
+        lambda: (
+            f"running 10 s after the stop: {processes_in_group(server.process.pid)}"
+        ),
+        10,
+    )
+    printed = server.output()
+    assert not re.search("Traceback|Exception", printed), printed
+    assert server.process.returncode == 0, printed
+    # nothing lost, and the cut attempts' events free at once, not when a lease ends
+    assert outbox("SELECT count(*) FROM plant_events") == plants
+    assert outbox("SELECT count(*) FROM plant_events WHERE lease != 0") == 0
+    silent.stop()
+    back = receiver(silent.port)  # the same URL, answering now
+    start_a_server(kind, spawn, env, "sqlite")  # and no request, from here on
+    wait_until(
+        lambda: len(back.delivered()) >= plants,
+        lambda: f"{len(back.delivered())} of {plants} events came",
+        10,
+    )
+    assert sorted(plant["id"] for plant in back.delivered()) == list(range(plants))
 
 
 def test_edges_importing_plantstore_and_making_apps_start_no_thread(tmp_path, pg_url):
