@@ -4327,6 +4327,122 @@ def test_edges_a_stop_with_deliveries_in_flight_is_clean_and_frees_their_events(
     assert sorted(plant["id"] for plant in back.delivered()) == list(range(plants))
 
 
+FORK_HAND_OVER = """
+import io, json, os, sqlite3, sys, threading, time
+from wsgiref.util import setup_testing_defaults
+
+import plantstore
+
+db, url = sys.argv[1:]
+
+
+def say(who, **what):
+    print(json.dumps({"who": who, **what}), flush=True)
+
+
+def threads():
+    \"\"\"The threads of this process: Python's, and the system's.\"\"\"
+    with open("/proc/self/status") as status:
+        system = next(int(line.split()[1]) for line in status if line[:8] == "Threads:")
+    return {"python": threading.active_count(), "system": system}
+
+
+def senders():
+    return sum(t.name == "plantstore-webhooks" for t in threading.enumerate())
+
+
+def outbox(query):
+    with sqlite3.connect(db) as connection:
+        return connection.execute(query).fetchone()[0]
+
+
+def wait(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+# registered before the app's: run after its own, as the process forks
+forking = []
+os.register_at_fork(before=lambda: forking.append(threads()))
+app = plantstore.make_app(
+    [os.environ["PLANTSTORE_TOKENS"]],
+    store=plantstore.SQLiteStore(db),
+    webhook_urls=[url],
+    webhook_secret=os.environ["PLANTSTORE_WEBHOOK_SECRET"],
+)
+body = b'{"id": 1, "name": "Fern"}'
+environ = {
+    "REQUEST_METHOD": "POST",
+    "PATH_INFO": "/plants",
+    "CONTENT_TYPE": "application/json",
+    "CONTENT_LENGTH": str(len(body)),
+    "HTTP_AUTHORIZATION": "Bearer " + os.environ["PLANTSTORE_TOKENS"],
+    "wsgi.input": io.BytesIO(body),
+}
+setup_testing_defaults(environ)
+statuses = []
+b"".join(app(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+assert statuses == ["200 OK"], statuses
+# the receiver is down: its first attempt ends at once, and the next is seconds away
+assert wait(
+    lambda: outbox("SELECT attempts > 0 AND lease = 0 FROM plant_events"), 10
+), "the first attempt never ended"
+pid = os.fork()
+if pid:
+    say("parent", senders=senders(), forking=forking[-1])
+    app.webhook_sender.close()
+    say("parent", closed=senders())
+    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+# the child: its sender tries again soon, once the receiver is up
+plantstore.WebhookSender.PROBE_SECONDS = 0.2
+say("child", senders=senders())
+emptied = wait(lambda: not outbox("SELECT count(*) FROM plant_events"), 20)
+say("child", delivered=emptied)
+"""
+
+
+def test_edges_a_fork_stops_the_sender_and_starts_one_in_each_process(
+    spawn, receiver, tmp_path
+):
+    hook = receiver()
+    hook_port = hook.server.server_address[1]
+    hook.stop()  # down until the parent has stopped sending: the child alone sends
+    script = tmp_path / "fork_hand_over.py"
+    script.write_text(FORK_HAND_OVER)
+    process = spawn(
+        # always: an error would be cleared unseen in os.fork (3.12 and later)
+        [sys.executable, "-W", "always::DeprecationWarning", script]
+        + [tmp_path / "plants.sqlite3", hook.url],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+            PYTHONPATH=str(HERE),
+        ),
+    )
+    out, err, messages = Lines(process.stdout), Lines(process.stderr), []
+
+    def heard(who, what):
+        """What `who` said of `what`, once said: parent and child speak by turns."""
+        while not (
+            said := [m[what] for m in messages if m["who"] == who and what in m]
+        ):
+            messages.append(json.loads(out.until(".").string))
+        return said[0]
+
+    # the fork saw one thread: the sender had stopped before it
+    assert heard("parent", "forking") == {"python": 1, "system": 1}
+    assert heard("parent", "senders") == heard("child", "senders") == 1
+    assert heard("parent", "closed") == 0
+    back = receiver(hook_port)
+    assert heard("child", "delivered") is True
+    assert process.wait(WAIT) == 0
+    assert back.delivered() == [{"id": 1, "name": "Fern"}]
+    printed = err.rest()
+    assert not re.search("DeprecationWarning|Traceback|Exception", printed), printed
+
+
 def test_edges_importing_plantstore_and_making_apps_start_no_thread(tmp_path, pg_url):
     before = set(threading.enumerate())
     spec = importlib.util.spec_from_file_location(
