@@ -2450,7 +2450,7 @@ def queued_behind_a_held_batch(store, application, bodies):
         deadline = time.monotonic() + WAIT
         for k, body in enumerate([*bodies, None]):
             # the one before is queued
-            while not (batches if k == 0 else len(store._queue) == k):
+            while not (batches if k == 0 else len(store._here().queue) == k):
                 assert time.monotonic() < deadline, "the creates did not queue"
                 time.sleep(0.005)
             if body is not None:
@@ -3289,6 +3289,8 @@ def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(
     store, webhook_app, receiver, monkeypatch, capsys
 ):
     monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING_BYTES", 2**20)
+    # none is given up while the receiver is down: a slow machine takes seconds here
+    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2,) * 100)
     hook = receiver()
     port = hook.server.server_address[1]
     hook.stop()
@@ -4443,28 +4445,42 @@ def test_edges_a_fork_stops_the_sender_and_starts_one_in_each_process(
     assert not re.search("DeprecationWarning|Traceback|Exception", printed), printed
 
 
-def test_edges_importing_plantstore_and_making_apps_start_no_thread(tmp_path, pg_url):
+def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(
+    tmp_path, pg_url
+):
+    def started():
+        return sorted(
+            thread.name for thread in threading.enumerate() if thread not in before
+        )
+
     before = set(threading.enumerate())
     spec = importlib.util.spec_from_file_location(
         "plantstore_imported_again", HERE / "plantstore.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for store in (
+    stores = [
         None,
         module.SQLiteStore(tmp_path / "plants.sqlite3"),
         module.PostgresStore(pg_url),
-    ):
+    ]
+    for store in stores:
+        module.make_app([TOKEN], store=store, cors_origins=["https://example.org"])
+    assert started() == []  # no webhooks, no thread
+    apps = [
         module.make_app(
             [TOKEN],
             store=store,
             webhook_urls=["http://127.0.0.1:9/hook"],
             webhook_secret=SECRET,
-            cors_origins=["https://example.org"],
         )
-    assert [
-        thread.name for thread in threading.enumerate() if thread not in before
-    ] == []
+        for store in stores
+    ]
+    assert started() == ["plantstore-webhooks"] * 3  # one sender each, from its build
+    for application in apps:
+        application.webhook_sender.close()
+        getattr(application.store, "close", lambda: None)()
+    assert started() == []  # and PostgreSQL's watchdog ended with its store
 
 
 # ---- The OpenAPI document, and schemathesis against it ----
@@ -5438,8 +5454,10 @@ def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting
     plants, store = hard_plants(rng, 2000), SQLiteStore(path)
     for plant_id, name, tag in plants[:1700]:
         assert store.add(plant_id, name, tag)
-    # from here, events wait
-    make_app([TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET)
+    # from here, events wait; no sender of this process sends them
+    make_app(
+        [TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET
+    ).webhook_sender.close()
     for plant_id, name, tag in plants[1700:]:
         assert store.add(plant_id, name, tag)
     again = []  # deleted, then made again: listed last
@@ -5595,13 +5613,12 @@ def test_operations_events_repointed_in_sqlite_go_to_the_new_url(
         store=(store := SQLiteStore(path)),
         webhook_urls=[old_hook.url],
         webhook_secret=SECRET,
-    )
+    ).webhook_sender.close()  # the events wait; none is sent from here
     for plant_id in range(5):
         assert store.add(plant_id, f"p{plant_id}", None)
     said = runbook.run("repoint-sqlite", OLD_URL=old_hook.url, NEW_URL=new_hook.url)
     assert said == "5 events re-pointed\n"
-    after = webhook_app(SQLiteStore(path), new_hook.url)  # the restart with the new URL
-    after.get("/health", status=200)  # the first request starts the sender
+    webhook_app(SQLiteStore(path), new_hook.url)  # the restart, with the new URL
     assert sorted(plant["id"] for plant in new_hook.wait_for(5)) == list(range(5))
     assert "dropped" not in capsys.readouterr().err
 
