@@ -3982,6 +3982,9 @@ class RawReceiver:
                 connection.sendall(self.answer)
 
     def stop(self):
+        # close() alone leaves the port listening while accept() waits in its thread
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
 
 
