@@ -4319,8 +4319,8 @@ def test_edges_a_stop_with_deliveries_in_flight_is_clean_and_frees_their_events(
     assert not re.search("Traceback|Exception", printed), printed
     assert server.process.returncode == 0, printed
     # nothing lost, and the cut attempts' events free at once, not when a lease ends
-    assert outbox("SELECT count(*) FROM plant_events") == plants
-    assert outbox("SELECT count(*) FROM plant_events WHERE lease != 0") == 0
+    assert outbox("SELECT count(*) FROM plant_events") == plants, printed
+    assert outbox("SELECT count(*) FROM plant_events WHERE lease != 0") == 0, printed
     silent.stop()
     back = receiver(silent.port)  # the same URL, answering now
     start_a_server(kind, spawn, env, "sqlite")  # and no request, from here on
