@@ -4341,8 +4341,9 @@ import plantstore
 db, url = sys.argv[1:]
 
 
-def say(who, **what):
-    print(json.dumps({"who": who, **what}), flush=True)
+def say(who, **what):  # one write: parent and child share the pipe
+    sys.stdout.write(json.dumps({"who": who, **what}) + "\n")
+    sys.stdout.flush()
 
 
 def threads():
