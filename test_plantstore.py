@@ -5822,11 +5822,11 @@ def spawn():
     start.processes = processes
     yield start
     for process in processes:
-        try:
-            # the process and any workers it forked
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # the process and any workers it forked; once the process is reaped and its
+        # workers are gone, the group's number may be another program's
+        if process.returncode is None or processes_in_group(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         process.wait(WAIT)
         process.stdout.close()
         process.stderr.close()
