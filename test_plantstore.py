@@ -4342,7 +4342,7 @@ db, url = sys.argv[1:]
 
 
 def say(who, **what):  # one write: parent and child share the pipe
-    sys.stdout.write(json.dumps({"who": who, **what}) + "\n")
+    sys.stdout.write(json.dumps({"who": who, **what}) + "\\n")
     sys.stdout.flush()
 
 
