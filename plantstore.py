@@ -47,14 +47,12 @@ import concurrent.futures
 import contextlib
 import difflib
 import fcntl
-import functools
 import hashlib
 import hmac
 import http.client
 import os
 import random
 import secrets
-import select
 import signal
 import socket
 import socketserver
@@ -82,8 +80,9 @@ CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s. Classes: RFC 9110
+# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s
 _STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
+# the phrase of a status HTTPStatus lacks: its class's, as RFC 9110 (15) names them
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
@@ -159,6 +158,18 @@ def read_body(environ, limit):
     return body
 
 
+# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
+# with or without spaces, with no escape and an id of 18 digits at most, has one
+# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
+_USUAL_NEWPLANT = re.compile(
+    r"""\{"id":\ ?+(-?+(?:0|[1-9][0-9]{0,17}+)),\ ?+  # id: an int64
+    "name":\ ?+"([^"\\\x00-\x1f]*+)"  # name: no escapes
+    (?:\}|,\ ?+"tag":\ ?+"([^"\\\x00-\x1f]*+)"\})  # the end, or tag
+    """,
+    re.VERBOSE,
+)
+
+
 def read_new_plant(body):
     """Return (id, name, tag) from the body: UTF-8, then strict JSON, then NewPlant."""
     try:
@@ -170,16 +181,6 @@ def read_new_plant(body):
         plant_id, name, tag = usual.groups()
         return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
-
-
-# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
-# with or without spaces, with no escape and an id of 18 digits at most, has one
-# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
-_USUAL_NEWPLANT = re.compile(
-    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
-    r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
-    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'  # the end, or tag
-)
 
 
 def decode_json(text):
@@ -267,7 +268,7 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 
 
 def query_page(environ):
-    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's key)."""
+    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's seq)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     limit, after = query.get("limit"), query.get("after")
     for name, values in ("limit", limit), ("after", after):
@@ -284,10 +285,10 @@ def query_page(environ):
     return limit, after
 
 
-def cursor(key):
-    """The opaque `after` of a next link: the last plant's key, 8 bytes as base64url."""
+def cursor(seq):
+    """The opaque `after` of a next link: the last plant's seq, 8 bytes as base64url."""
     return (
-        base64.urlsafe_b64encode(key.to_bytes(8, "big", signed=True))
+        base64.urlsafe_b64encode(seq.to_bytes(8, "big", signed=True))
         .rstrip(b"=")
         .decode()
     )
@@ -308,8 +309,8 @@ class Store:
         raise NotImplementedError
 
     def page(self, after, limit):
-        """Up to `limit` (key, name, tag), oldest first, of the plants created after key
-        `after` (None: from the oldest); a key is an int64, larger for newer plants."""
+        """Up to `limit` (seq, name, tag), oldest first, of the plants created after seq
+        `after` (None: from the oldest); a seq is an int64, larger for newer plants."""
         raise NotImplementedError
 
     def delete(self, plant_id):
@@ -328,7 +329,7 @@ class Store:
 
 class PagesFromList(Store):
     """A store with list(limit) instead of page(): each page reads the whole list, and
-    its keys are positions, so a plant deleted between two pages shifts the next."""
+    its seqs are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
         self.store = store
@@ -338,7 +339,7 @@ class PagesFromList(Store):
         )
 
     def page(self, after, limit):
-        start = max(after or 0, 0)  # keys are list positions; any cursor may come
+        start = max(after or 0, 0)  # seqs are list positions; any cursor may come
         plants = self.store.list(None)[start : start + limit]
         return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
@@ -346,10 +347,11 @@ class PagesFromList(Store):
 class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant gets a seq, its slot in creation order and the key of its page. Names and
-    tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts at
-    its seq's chunk and slot: it costs what it holds, however large the store. An empty
-    chunk is dropped; a full one becomes a tuple, which the garbage collector ignores.
+    Each plant gets a seq, its slot in creation order and the cursor of its page. Names
+    and tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts
+    at its seq's chunk and slot: it costs what it holds, however large the store. An
+    empty chunk is dropped; a full one becomes a tuple, which the garbage collector
+    ignores.
     """
 
     def __init__(self):
@@ -499,16 +501,9 @@ class Application:
     def __call__(self, environ, start_response):
         """Answer a request; only a stream's exception escapes, once its 200 is sent."""
         try:
-            try:
-                status, body, headers = self.respond(environ)
-            except HTTPError as error:
-                if type(error.status) is not int or not 200 <= error.status <= 599:
-                    raise  # 1xx is no final answer, 600 no status at all: a 500, logged
-                status, headers = error.status, error.headers
-                body = error_json(status, error.message)
-        except Exception:
-            traceback.print_exc(file=environ["wsgi.errors"])
-            status, body, headers = 500, error_json(500, "internal server error"), []
+            status, body, headers = self.respond(environ)
+        except Exception as error:
+            status, body, headers = self.error_answer(environ, error)
         if status in (204, 304):  # answers that never have a body
             headers, body = list(headers), []
         elif type(body) is bytes:
@@ -528,13 +523,23 @@ class Application:
             return []
         return body
 
+    def error_answer(self, environ, error):
+        """An HTTPError's answer; any other error, or a status that is no final answer
+        (1xx, 600), is a 500, its traceback logged to wsgi.errors."""
+        status = getattr(error, "status", None)
+        if isinstance(error, HTTPError) and type(status) is int and 200 <= status < 600:
+            return status, error_json(status, error.message), error.headers
+        traceback.print_exception(error, file=environ["wsgi.errors"])
+        return 500, error_json(500, "internal server error"), []
+
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
         path, plant_id = environ.get("PATH_INFO", ""), None
-        if path.startswith("/plants/"):
-            path, plant_id = "/plants/{id}", path[8:]
+        parent, _, last = path.rpartition("/")
+        if last and f"{parent}/{{id}}" in self.routes:  # /plants/7: /plants/{id}
+            path, plant_id = f"{parent}/{{id}}", last
         methods = self.routes.get(path)
-        if methods is None or plant_id == "" or "/" in (plant_id or ""):
+        if methods is None:
             raise HTTPError(404, f"not found: the routes are {', '.join(self.routes)}")
         method = environ["REQUEST_METHOD"]
         operation = methods.get("GET" if method == "HEAD" else method)
@@ -608,7 +613,6 @@ CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_
 
 __all__ += [
     "OPENAPI",
-    "PostgresStore",
     "SQLStore",
     "SQLiteStore",
     "make_app",
@@ -628,7 +632,7 @@ def _log(message):
 class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
-    One class over two DB-API drivers, as peewee does it: the SQL is written once, with
+    One class over two DB-API drivers (peewee's way): the SQL is written once, with
     named parameters, and each engine's differences (connecting, its DDL, its
     placeholders, the errors that mean "the database is away") are the few lines of its
     subclass. Each process holds at most POOL_SIZE connections, whatever the number of
@@ -658,12 +662,12 @@ class SQLStore(Store):
     BATCH, BATCH_BYTES = 64, 2**20
     ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
-    unavailable = ()  # the driver's exceptions that mean "the database is away"
+    outages = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
-        # on_create(run, plant_id, name, tag): in the plant's transaction
-        self.on_create = None
+        # write_event(run, plant_id, name, tag), if set: in the plant's transaction
+        self.write_event = None
         # when the last health answer came, and whether it was yes
         self._answer = 0.0, True
         self._ready, self._outage_said = False, False
@@ -680,8 +684,7 @@ class SQLStore(Store):
         connection is kept: a server may fork next, and a fork must not carry one."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            # no watchdog here: it would be a thread in a server's master
-            self.setup(db.execute)
+            self.setup(db.execute)  # not self.execute: no watchdog in a server's master
             self._ready = True
         finally:
             self._close(db)
@@ -694,19 +697,14 @@ class SQLStore(Store):
         others wait for its answer, or for their turn. A 200 means committed, within
         DB_WAIT_SECONDS.
         """
-        here = self._here()
-        # its result: whether the plant was created
-        create = concurrent.futures.Future()
-        create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
-        create.size = len(create.plant[1]) + len(create.plant[2] or b"")
-        create.deadline = time.monotonic() + DB_WAIT_SECONDS
-        with here.queued:
+        here, create = self._here(), _Create(plant_id, name, tag)
+        with here.turn:
             here.queue.append(create)
         while not create.done():
-            with here.queued:
+            with here.turn:
                 # another thread writes a batch
                 while here.writing and not create.done():
-                    if not here.queued.wait(create.deadline - time.monotonic()):
+                    if not here.turn.wait(create.deadline - time.monotonic()):
                         # left out of the next batch, unless one holds it
                         create.cancel()
                         raise unavailable("the database")
@@ -716,10 +714,10 @@ class SQLStore(Store):
             try:
                 self._write_batch(batch)
             finally:
-                with here.queued:
+                with here.turn:
                     here.writing = False
                     # its creates are answered; another may write
-                    here.queued.notify_all()
+                    here.turn.notify_all()
         return create.result()  # a failed batch raises its 503 here
 
     def _next_batch(self, queue):
@@ -742,22 +740,21 @@ class SQLStore(Store):
         def insert(run):
             created = self.insert(run, [create.plant for create in batch])
             for create, new in zip(batch, created, strict=True):
-                if new and self.on_create:
+                if new and self.write_event:
                     plant_id, name, tag = create.plant
-                    self.on_create(
+                    self.write_event(
                         run, plant_id, _text(name), None if tag is None else _text(tag)
                     )
             return created
 
-        # else one statement, atomic itself
-        several = len(batch) > 1 and not self.ONE_STATEMENT
+        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement,
         wait = min(create.deadline for create in batch) - time.monotonic()
         try:
             created = self.session(
                 insert,
                 write=True,
                 wait=wait,
-                transaction=bool(self.on_create) or several,
+                transaction=bool(self.write_event) or several,  # atomic itself
             )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
@@ -816,30 +813,44 @@ class SQLStore(Store):
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
         """Return work(run) on a connection of this process, in one transaction if
         asked, where run(sql, **parameters) runs one statement and returns its rows.
-        All of it, connecting included, ends within `wait` seconds, or answers 503."""
+        All of it, connecting included, ends within `wait` seconds, or answers 503.
+
+        Once a wait found the database away, the others do not wait for it too: one
+        request at a time tries it, and the others answer 503 at once, until one finds
+        it back. Reads and writes apart: a table locked elsewhere stops only writes.
+        """
+        here = self._here()
+        trying = here.away[write] and here.trying[write]
+        if trying and not trying.acquire(blocking=False):
+            raise unavailable("the database")  # known away; another request tries it
+        try:
+            result = self._session(work, write, transaction, wait)
+        except HTTPError:
+            here.away[write] = True
+            raise
+        finally:
+            if trying:
+                trying.release()
+        here.away[write] = False
+        if self._outage_said:
+            self._outage_said = False
+            _log(f"the {self.shown} is reachable again")
+        return result
+
+    def _session(self, work, write, transaction, wait):
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
                 with self._here().writers if write else contextlib.nullcontext():
                     with self._connection(started + wait) as (db, reused):
-                        result = self._work(db, work, transaction, started + wait)
-                break
-            except self.unavailable as error:
+                        return self._work(db, work, transaction, started + wait)
+            except self.outages as error:
                 self._outage(error)
                 # A read that failed at once on a connection made before an outage is
-                # tried
-                # again on a new one; a write never is, since it may have been done.
-                if (
-                    write
-                    or not reused
-                    or attempt == 2
-                    or time.monotonic() - started > 1
-                ):
+                # tried again on a new one; a write never is: it may have been done.
+                stale = reused and time.monotonic() - started < 1
+                if write or not stale or attempt == 2:
                     raise unavailable("the database") from None
-        if self._outage_said:
-            self._outage_said = False
-            _log(f"the {self.shown} is reachable again")
-        return result
 
     @contextlib.contextmanager
     def _connection(self, deadline):
@@ -848,25 +859,26 @@ class SQLStore(Store):
         here = self._here()
         if not here.slots.acquire(timeout=max(0, deadline - time.monotonic())):
             raise unavailable("the database")  # every connection busy past the deadline
-        db = None
         try:
             with here.lock:
                 db = here.idle.pop() if here.idle else None
-            if db is not None and not self.usable(db):
-                self._close(db)
-                db = None
-            reused, db = db is not None, db or self.connect(deadline)
-            # the database was away at start: its tables may not exist
-            if not self._ready:
-                self.setup(lambda sql: self.execute(db, sql, {}, deadline))
-                self._ready = True
-            yield db, reused
-            with here.lock:
-                here.idle.append(db)
-            db = None
+            reused = db is not None and self.usable(db)
+            if not reused:
+                if db is not None:
+                    self._close(db)
+                db = self.connect(deadline)
+            try:
+                if not self._ready:  # the database was away at start: make the tables
+                    self.setup(lambda sql: self.execute(db, sql, {}, deadline))
+                    self._ready = True
+                yield db, reused
+            except BaseException:
+                self._close(db)  # a connection is dropped on its first error
+                raise
+            else:
+                with here.lock:
+                    here.idle.append(db)
         finally:
-            if db is not None:
-                self._close(db)
             here.slots.release()
 
     def _work(self, db, work, transaction, deadline):
@@ -893,12 +905,12 @@ class SQLStore(Store):
         """Run one statement; PostgresStore's watchdog cuts it at the deadline."""
         return db.execute(sql, parameters)
 
-    def setup(self, execute):
+    def setup(self, run_sql):
         """Make the tables unless they exist; refuse a 'plants' table plantstore did not
-        make. execute(sql) runs one statement and returns its cursor."""
+        make. run_sql(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
-            execute(statement)
-        rows = execute("SELECT * FROM plants LIMIT 0")
+            run_sql(statement)
+        rows = run_sql("SELECT * FROM plants LIMIT 0")
         if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
             raise ValueError(
                 f"the {self.shown} has a 'plants' table that plantstore did not make"
@@ -909,7 +921,7 @@ class SQLStore(Store):
         return True
 
     def check(self, db):
-        """Raise one of self.unavailable if what was just done cannot be trusted."""
+        """Raise one of self.outages if what was just done cannot be trusted."""
 
     def _close(self, db):
         with contextlib.suppress(Exception):
@@ -933,6 +945,17 @@ class SQLStore(Store):
             self._close(db)
 
 
+class _Create(concurrent.futures.Future):
+    """A create waiting for its batch: the plant as stored, its size in bytes, when its
+    request stops waiting; its result is whether the plant was created."""
+
+    def __init__(self, plant_id, name, tag):
+        super().__init__()
+        self.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        self.size = len(self.plant[1]) + len(self.plant[2] or b"")
+        self.deadline = time.monotonic() + DB_WAIT_SECONDS
+
+
 class _Here:
     """What a SQL store holds in one process: its connections, creates and locks."""
 
@@ -941,9 +964,12 @@ class _Here:
         self.slots = threading.Semaphore(pool_size)  # connections left to make
         self.idle, self.busy = [], {}  # connections: free; running, to their deadline
         self.asking = threading.Lock()  # held by the one health question in flight
-        self.queued = threading.Condition()  # guards queue and writing
+        self.turn = threading.Condition()  # guards queue and writing
         self.queue, self.writing = collections.deque(), False  # creates to write
         self.writers = writers  # the lock a writer holds, shared with other processes
+        # for reads and writes: whether the last wait found the database away, and the
+        # lock of the one request that tries it meanwhile
+        self.away, self.trying = [False, False], [threading.Lock(), threading.Lock()]
 
 
 class SQLiteStore(SQLStore):
@@ -965,7 +991,7 @@ class SQLiteStore(SQLStore):
         "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
     )
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
-    unavailable = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
+    outages = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
 
     def __init__(self, path):
         self.path = os.path.abspath(path)
@@ -992,7 +1018,7 @@ class SQLiteStore(SQLStore):
             ) from None
 
     def _fresh(self):
-        return _Here(self.POOL_SIZE, _WriteQueue(self.path + "-writers"))
+        return _Here(self.POOL_SIZE, _WriterLock(self.path + "-writers"))
 
     def connect(self, deadline):
         """A connection to the file, which must exist: a deleted file is not remade."""
@@ -1017,8 +1043,7 @@ class SQLiteStore(SQLStore):
         return None
 
     def check(self, db):
-        # A file deleted or replaced under a running service: what was written, no one
-        # will read.
+        # a file deleted or replaced while in use: no one will read what is written
         if self._identity() != db.file:
             raise sqlite3.OperationalError(
                 f"{self.path} was deleted or replaced while in use"
@@ -1029,7 +1054,7 @@ class _SQLite(sqlite3.Connection):
     file = None  # the file it opened, as (device, inode): SQLiteStore.check compares it
 
 
-class _WriteQueue:
+class _WriterLock:
     """Writers of every process take turns here, woken as soon as the one before them is
     done.
 
@@ -1055,237 +1080,6 @@ class _WriteQueue:
         self._thread_lock.release()
 
 
-class PostgresStore(SQLStore):
-    """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares
-    them.
-
-    No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
-    keepalives notice a silent host, and a watchdog shuts the connection of a statement
-    still running at its request's deadline (a commit held by a synchronous standby that
-    is gone, say). That request answers 503, even if PostgreSQL went on to commit it:
-    retried, the create answers 200 or 409.
-    """
-
-    EVENTS = (
-        "CREATE TABLE IF NOT EXISTS plant_events"
-        " (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-        " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
-        " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
-        " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
-    )
-    # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
-    # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
-    # for CREATE on the schema even when the table exists: a role given the tables must
-    # not try to make them.
-    schema = (
-        "BEGIN",
-        "SELECT pg_advisory_xact_lock(7274)",
-        "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
-        " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
-        " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
-        f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
-        " END IF; END $$",
-        "COMMIT",
-    )
-    # libpq's settings unless the URL gives its own: a host that goes silent fails in
-    # seconds.
-    BOUNDS = {
-        "connect_timeout": CONNECT_SECONDS,
-        "keepalives": 1,
-        "keepalives_idle": 2,
-        "keepalives_interval": 1,
-        "keepalives_count": 2,
-        "tcp_user_timeout": DB_WAIT_SECONDS * 1000,
-    }
-
-    def __init__(self, conninfo):
-        self.parameters, shown = postgres_settings(conninfo)
-        # the one dependency outside the standard library, for this store alone
-        import psycopg
-
-        self._psycopg = psycopg
-        self._watchdog = Background("plantstore-watchdog", self._watch)
-        super().__init__(shown)
-        self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
-        try:
-            self.open_at_start()
-        except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
-            raise ValueError(
-                f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
-                "role needs CREATE on the schema to make plantstore's tables or, "
-                "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
-                "them"
-            ) from None
-        # libpq checks its options' values before it connects
-        except psycopg.Error as error:
-            option = (
-                re.search(r'option "(\w+)"', str(error))  # libpq's for a number
-                or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error))
-            )
-            if option:  # named, never quoted: the value may be a password's neighbour
-                raise ValueError(
-                    f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
-                    f"option {next(filter(None, option.groups()))}"
-                ) from None
-            if not isinstance(error, self.unavailable):
-                raise
-            # The database is away at start: waited for, as any outage is.
-
-    # What plantstore's own tables hold (pgloader or psql may make others): seq and id
-    # are unique and never NULL, and so a name is never NULL.
-    COLUMNS = (
-        "SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
-        " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
-        " FROM pg_attribute"
-        " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')"
-    )
-    # A table filled with its seq values (a move with pgloader, a restore by hand)
-    # leaves its
-    # identity behind them, and each create would collide: moved past them, never back.
-    MOVE = (
-        "SELECT setval(q.name, greatest(max, last_value)), max"
-        " FROM (SELECT max(seq) FROM {0})"
-        " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
-        " WHERE format('%I.%I', schemaname, sequencename) = q.name"
-        " AND max > coalesce(last_value, 0)"
-    )
-
-    ONE_STATEMENT = True
-    # A batch in one statement, one round trip: rows take their seq in the order they
-    # came.
-    INSERT_MANY = (
-        "INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
-        "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
-        " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
-        " ON CONFLICT (id) DO NOTHING RETURNING id"
-    )
-
-    def insert(self, run, plants):
-        if len(plants) == 1:
-            return super().insert(run, plants)
-        ids, names, tags = map(list, zip(*plants, strict=True))
-        created = collections.Counter(
-            row[0] for row in run(self.INSERT_MANY, ids=ids, names=names, tags=tags)
-        )
-        # an id once, to the first
-        return [created.pop(plant_id, 0) > 0 for plant_id in ids]
-
-    def setup(self, execute):
-        super().setup(execute)
-        for name, not_null, unique in execute(self.COLUMNS).fetchall():
-            if not not_null or name != "name" and not unique:
-                raise ValueError(
-                    f"the {self.shown} has a 'plants' table that plantstore did not "
-                    f"make: its {name} column may hold "
-                    + ("NULL" if not not_null else "duplicates")
-                )
-        for table in "plants", "plant_events":
-            # the owner's
-            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):
-                for _, largest in execute(self.MOVE.format(table)).fetchall():
-                    _log(
-                        f"the identity of {table} was behind its largest seq, "
-                        f"{largest}: "
-                        "moved past it"
-                    )
-
-    def connect(self, deadline):
-        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's
-        # bound.
-        seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
-        return self._psycopg.connect(
-            **{**self.BOUNDS, "connect_timeout": seconds, **self.parameters},
-            autocommit=True,
-        )
-
-    def execute(self, db, sql, parameters, deadline):
-        here = self._here()
-        with here.lock:  # the watchdog sees each statement, with its deadline
-            here.busy[db] = deadline
-            self._watchdog.start()
-        try:
-            # psycopg reads no placeholder then: '::' and '%' stay as they are
-            if not parameters:
-                return db.execute(sql)
-            return db.execute(_pyformat(sql), parameters)
-        finally:
-            with here.lock:
-                del here.busy[db]
-
-    def _watch(self):
-        """Shut the connection of each statement past its deadline: a 503 answers."""
-        while self._watchdog.going(0.25):
-            here = self._here()
-            # held, so that no statement ends, and its socket closes, meanwhile
-            with here.lock:
-                for db, deadline in here.busy.items():
-                    if deadline < time.monotonic():
-                        with (
-                            contextlib.suppress(OSError),
-                            socket.socket(fileno=os.dup(db.fileno())) as connection,
-                        ):
-                            connection.shutdown(socket.SHUT_RDWR)
-
-    def close(self):
-        super().close()
-        self._watchdog.stop()
-
-    def usable(self, db):
-        # An idle connection has nothing to read: if it has, the server said goodbye (a
-        # restart).
-        return not select.select([db.fileno()], [], [], 0)[0]
-
-
-def postgres_settings(conninfo):
-    """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
-    messages name it: a URL made anew from those parameters, without the password."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:
-        raise ValueError(
-            f"{DB_VARIABLE} names a PostgreSQL database, which needs psycopg: "
-            "pip install 'plantstore[postgres]'"
-        ) from None
-    try:  # libpq reads the scheme in lower case only
-        parameters = conninfo_to_dict(
-            re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)
-        )
-    # libpq's message quotes the setting, password and all: never shown
-    except Exception:
-        raise ValueError(
-            f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
-            "digits, an option libpq does not know, or a word without =value; it "
-            f"takes {DB_FORMS}"
-        ) from None
-    hosts = parameters.get("host", parameters.get("hostaddr", "")).split(",")
-    ports = parameters.get("port", "").split(",")
-    if len(ports) not in (1, len(hosts)) or not all(
-        re.fullmatch("[0-9]{1,5}", port) and 0 < int(port) < 65536
-        for port in ports
-        if port
-    ):
-        raise ValueError(
-            f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
-            "one for every host or one for all"
-        )
-    ports = ports * len(hosts) if len(ports) == 1 else ports
-    where = ",".join(
-        (f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
-        for host, port in zip(hosts, ports, strict=True)
-    )
-    user = parameters.get("user", "") and f"{parameters['user']}@"
-    return (
-        parameters,
-        f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}",
-    )
-
-
-@functools.cache
-def _pyformat(sql):
-    """The SQL in psycopg's placeholders: :name becomes %(name)s."""
-    return re.sub(r":(\w+)", r"%(\1)s", sql)
-
-
 def _utf8(text):
     # any JSON string, a lone surrogate too
     return text.encode("utf-8", "surrogatepass")
@@ -1307,6 +1101,9 @@ def _text(data):
 # A thread ends when the process's main thread has ended, and frees what it held.
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP}
+
+
 def this_process(owner, make):
     """owner's state in this process: what make() gave here, or, if this process has
     none yet (a fork's child), what it gives now."""
@@ -1324,25 +1121,34 @@ class Background:
 
     def __init__(self, name, loop, prepare=lambda: None):
         self.name, self.loop, self.prepare = name, loop, prepare
-        self._thread, self._resume = None, False
-        self._stop = self._wake = threading.Event()
+        self._thread, self._stopping, self._wake = None, False, threading.Event()
         me = weakref.ref(self)  # the hooks outlive a Background no longer used
         os.register_at_fork(
-            before=lambda: me() and me()._before_fork(),
-            after_in_parent=lambda: me() and me()._after_fork(),
-            after_in_child=lambda: me() and me()._after_fork(),
+            before=lambda: me() and me()._fork(),
+            after_in_parent=lambda: me() and me()._forked(),
+            after_in_child=lambda: me() and me()._forked(),
         )
 
+    def running(self):
+        return bool(self._thread and self._thread.is_alive())
+
     def start(self):
-        if not (self._thread and self._thread.is_alive()):
+        if not self.running():
             self.prepare()  # before the thread, and before a fork's child serves
-            self._stop, self._wake = threading.Event(), threading.Event()
+            self._stopping, self._wake = False, threading.Event()
             self._thread = threading.Thread(target=self.loop, name=self.name)
-            self._thread.start()
+            # A stop's signals go to another thread, the main one: a server's handler
+            # that ends the interpreter (uWSGI's) would wait here for this thread.
+            # The thread's own threads take its mask.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                self._thread.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def stop(self):
-        if self._thread and self._thread.is_alive():
-            self._stop.set()
+        if self.running():
+            self._stopping = True
             self._wake.set()
             self._thread.join()
 
@@ -1350,17 +1156,16 @@ class Background:
         """Wait up to `seconds` for a wake(); whether the thread is to go on."""
         if self._wake.wait(seconds):
             self._wake.clear()
-        alive = threading.main_thread().is_alive()
-        return alive and not self._stop.is_set()
+        return threading.main_thread().is_alive() and not self._stopping
 
     def wake(self):
         self._wake.set()
 
-    def _before_fork(self):
-        self._resume = bool(self._thread and self._thread.is_alive())
+    def _fork(self):
+        self._resume = self.running()
         self.stop()
 
-    def _after_fork(self):
+    def _forked(self):
         if self._resume:
             self.start()
 
@@ -1400,8 +1205,7 @@ class WebhookSender:
         " VALUES (:url, :webhook_id, :body, 0)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the URL's due events, or, to probe a receiver that gave no answer, its oldest
-    # (due: any time).
+    # the URL's due events, or its oldest, due or not, to probe a silent receiver.
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
@@ -1426,9 +1230,8 @@ class WebhookSender:
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
         # None: the outbox in memory
         self._store = store if isinstance(store, SQLStore) else None
-        self.outbox_is_sql = self._store is not None
         if self._store:
-            store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
+            store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
         self._waiting, self._dropping, self._closed = (0, 0), False, False
         self._thread = Background(
             "plantstore-webhooks", self._loop, lambda: this_process(self, self._fresh)
@@ -1501,7 +1304,7 @@ class WebhookSender:
                 here.started_over = here.started_over or self._start_over()
                 while here.done:  # each attempt that ended
                     seq, status = here.done.pop()
-                    self._settle(*here.in_flight.pop(seq), status)
+                    self._settle(here, *here.in_flight.pop(seq), status)
                 self._claim(here)
                 self._cut_late_attempts(here)
                 # what waits, counted again: notify() counts up only
@@ -1623,45 +1426,40 @@ class WebhookSender:
             del here.connections[connection]
             connection.close()
 
-    def _settle(self, event, probe, status):
-        here = this_process(self, self._fresh)
+    def _settle(self, here, event, probe, status):
+        """Act on an attempt's outcome: delivered, gone, refused or no answer."""
         seq, url, webhook_id, _, attempts, due = event
-        now = time.time()
-        # a new list: requests iterate the old one
-        if status == 410 and url in self.urls:
+        now, silent = time.time(), status in (None, 502, 503, 504)  # none from it
+        if status == 410 and url in self.urls:  # gone: this process sends it no more
+            # a new list, not this one changed: a request may be iterating it
             self.urls = [other for other in self.urls if other != url]
             self.outbox(self.FORGET, url=url)
             _log(
                 f"the webhook receiver {_origin(url)} answered 410 Gone: "
                 "it gets no more events"
             )
-        # or its URL went meanwhile
-        elif url not in self.urls or status and 200 <= status < 300:
+            return
+        if url not in self.urls or status and 200 <= status < 300:  # or its URL went
             self.outbox(self.DONE, seq=seq)
-            # through again: the others follow now
-            if here.failing.pop(url, None) is not None:
-                self.outbox(self.DUE_NOW, now=now, url=url)
-        # its schedule stays
-        elif probe and status in (None, 502, 503, 504) and due > now:
-            self.outbox(self.RELEASE, seq=seq)
-        else:
-            # no answer from the receiver itself: probe it
-            if status in (None, 502, 503, 504):
-                here.failing.setdefault(url, now)
-            # an answer, if not a 2xx: the receiver is back, and its events go as usual
-            else:
-                here.failing.pop(url, None)
-            if attempts < len(self.SCHEDULE):
-                delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
-                self.outbox(
-                    self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq
-                )
-            else:
-                self.outbox(self.DONE, seq=seq)
-                _log(
-                    f"webhook {webhook_id} to {_origin(url)} is given up "
-                    f"after {attempts + 1} attempts"
-                )
+            if here.failing.pop(url, None) is not None:  # through again:
+                self.outbox(self.DUE_NOW, now=now, url=url)  # the others follow now
+            return
+        if probe and silent and due > now:  # a probe ahead of its event's schedule:
+            self.outbox(self.RELEASE, seq=seq)  # the schedule stays
+            return
+        if silent:  # the receiver is probed until one gets through
+            here.failing.setdefault(url, now)
+        else:  # an answer, if no 2xx: the receiver is back, its events go as usual
+            here.failing.pop(url, None)
+        if attempts == len(self.SCHEDULE):
+            self.outbox(self.DONE, seq=seq)
+            _log(
+                f"webhook {webhook_id} to {_origin(url)} is given up "
+                f"after {attempts + 1} attempts"
+            )
+            return
+        delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
+        self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
 
 
 def check_webhook_url(url):
@@ -1796,8 +1594,7 @@ def with_cors(application, origins):
 
 # The document as it is served, but for `servers`, which says where the application is
 # mounted. HEAD and OPTIONS are not operations in it, though every route answers them
-# (docs/http.md): a client has nothing to call there. 405 is left out for the same
-# reason.
+# (docs/http.md): a client has nothing to call there; nor, for that reason, is 405.
 OPENAPI = json.loads(
     """{
   "openapi": "3.1.0",
@@ -2141,9 +1938,8 @@ class _ServerHandler(ServerHandler):
 class _RequestHandler(WSGIRequestHandler):
     """wsgiref's request handler, with a socket timeout and a log without secrets."""
 
-    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain`
-    # is its
-    # fixed text for the status, where `message` would quote the client's request line.
+    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON: `explain`
+    # is its fixed text for the status (send_error below keeps it so).
     error_content_type = JSON_TYPE
     error_message_format = '{"error": %(code)d, "message": "%(explain)s"}'
 
@@ -2200,7 +1996,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     # at exit, no thread is waited for: finish() has waited for the requests
     daemon_threads = True
-    # listen backlog: 200 simultaneous connects are queued, not refused
+    # listen backlog: a burst of connects waits here, not refused
     request_queue_size = 1024
     linger_seconds = 2
 
@@ -2331,6 +2127,13 @@ def store_from_environ(environ=os.environ):
     if problem:
         raise ValueError(f"{DB_VARIABLE} {problem}; it takes {DB_FORMS}")
     if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
+        try:  # the module beside this file, with psycopg: plantstore[postgres]
+            from plantstore_postgres import PostgresStore
+        except ImportError as error:  # one of the two is missing, or psycopg's libpq
+            raise ValueError(
+                f"{DB_VARIABLE} names a PostgreSQL database, which needs "
+                f"{error.name or 'psycopg'}: pip install 'plantstore[postgres]'"
+            ) from None
         return PostgresStore(value)
     if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
         # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
@@ -2353,24 +2156,6 @@ def db_mistake(value):
         return "holds a control character"
     if re.match(r"[A-Za-z][\w+.-]*//", value):
         return "looks like a URL without the ':' after its scheme"
-    # libpq's user-info ends at the first @ before a /
-    if re.match("(?i)postgres(ql)?://", value):
-        authority, _, path = value.partition("://")[2].partition("/")
-        user_info = authority.rpartition("@")[0]
-        if (
-            authority.count("@") > 1
-            or re.search("[?#]", user_info)
-            or "@"
-            in path.partition(
-                # else part of a password is shown, or it is cut short
-                "?"
-            )[0]
-            or "#" in value
-        ):
-            return (
-                "is not a well-formed PostgreSQL URL: in the user name and password, "
-                "write @ as %40, / as %2F, ? as %3F and # as %23"
-            )
     return None
 
 
@@ -2382,11 +2167,10 @@ def unknown_settings(environ=os.environ):
             TOKENS_VARIABLE,
             DB_VARIABLE,
             WEBHOOK_URL_VARIABLE,
-            # DB, TOKENS...
             WEBHOOK_SECRET_VARIABLE,
             CORS_VARIABLE,
         )
-    }
+    }  # DB, TOKENS, ...: the names without PLANTSTORE_
     return [
         f"{name} is not a plantstore setting, so it is ignored"
         + "".join(
@@ -2503,4 +2287,7 @@ def _interrupt(_signum, _frame):
 
 
 if __name__ == "__main__":
+    # one copy of this module: plantstore_postgres's `import plantstore` finds this one,
+    # so its errors are this module's HTTPError, and its store this module's SQLStore
+    sys.modules.setdefault("plantstore", sys.modules[__name__])
     sys.exit(main())
