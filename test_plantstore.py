@@ -3451,7 +3451,7 @@ def start_a_server(kind, spawn, env, database):
         logs = [log, Lines(process.stdout)]
     else:
         host, port = "127.0.0.1", free_port()
-        process = spawn(other_server_command(kind, host, port), env)
+        process = spawn(other_server_command(kind, port), env)
         logs = [Lines(process.stdout), Lines(process.stderr)]
         # a connection, and no request: the test is that none is needed
         wait_listening(process, port)
@@ -3463,42 +3463,19 @@ def start_a_server(kind, spawn, env, database):
     )
 
 
-def other_server_command(kind, host, port):
-    """The command line of uWSGI, waitress, cheroot or werkzeug, each as its
-    documentation gives it, serving plantstore.app on host:port."""
-    scripts = Path(sysconfig.get_path("scripts"))  # the commands this Python installed
-    address = f"{host}:{port}"
-    return {
-        # uWSGI's recipe: deploy/plantstore.wsgi, two processes that stop on SIGTERM,
-        # each building the app after uWSGI forks it
-        "uwsgi": [
-            scripts / "uwsgi",
-            "--master",
-            "--processes",
-            "2",
-            "--die-on-term",
-            "--lazy-apps",
-            "--enable-threads",
-            "--http-socket",
-            address,
-            "--wsgi-file",
-            "deploy/plantstore.wsgi",
-            "--virtualenv",
-            sys.prefix,
-        ],
-        "waitress": [
-            scripts / "waitress-serve",
-            f"--listen={address}",
-            "plantstore:app",
-        ],
-        "cheroot": [scripts / "cheroot", "--bind", address, "plantstore:app"],
-        "werkzeug": [
-            sys.executable,
-            "-c",
-            "import plantstore; from werkzeug.serving import run_simple; "
-            f"run_simple({host!r}, {port}, plantstore.app, threaded=True)",
-        ],
-    }[kind]
+def other_server_command(kind, port):
+    """The command docs/deploy.md gives for uWSGI, waitress, cheroot or werkzeug, on
+    this loopback port, with this Python's virtualenv and the commands it installed."""
+    table = (HERE / "docs" / "deploy.md").read_text()
+    row = re.search(rf"^\| {kind} \| `([^`]+)`", table, re.IGNORECASE | re.MULTILINE)
+    assert row, f"docs/deploy.md has no row for {kind}: change the test with it"
+    assert "127.0.0.1:8000" in row[1] or "'127.0.0.1', 8000" in row[1], row[1]
+    program, *args = shlex.split(row[1].replace("8000", str(port)))
+    scripts = Path(sysconfig.get_path("scripts"))
+    return [
+        sys.executable if program == "python" else scripts / program,
+        *(arg.replace("/path/to/venv", sys.prefix) for arg in args),
+    ]
 
 
 @pytest.mark.parametrize(
