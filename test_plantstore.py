@@ -28,6 +28,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -3265,7 +3266,8 @@ def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(
 
 class RawReceiver:
     """A webhook receiver on a raw socket: records each request's target and verified
-    payload, then sends `answer` as it is (HTTP or not) and closes."""
+    payload, then sends `answer` as it is (HTTP or not) and closes; with answer=None,
+    it sends nothing and holds the connection until the sender closes it."""
 
     def __init__(
         self,
@@ -3312,9 +3314,16 @@ class RawReceiver:
             self.requests.append(
                 (lines[0].split(" ")[1], self.verifier.verify(body, headers))
             )
-            connection.sendall(self.answer)
+            if self.answer is None:
+                while connection.recv(65536):
+                    pass
+            else:
+                connection.sendall(self.answer)
 
     def stop(self):
+        # close() alone leaves the port listening while accept() waits in its thread
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
 
 
@@ -3429,27 +3438,66 @@ def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_onc
 
 
 def start_a_server(kind, spawn, env, database):
-    """Start plantstore under one of the servers; return (process, host, port) without
-    sending a request."""
+    """Start plantstore under one of the servers a user may pick, as its documentation
+    says, on a free loopback port; return it once it accepts connections, with no
+    request sent.
+
+    The answer has the process, its host and port, and output(): all it printed, once
+    it has ended.
+    """
+    env = {**env, "PYTHONPATH": str(HERE)}  # plantstore: this folder's, on any server
     if kind == "python-plantstore-py":
         process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
-        host, port = (
-            Lines(process.stderr)
-            .until(r"listening on http://([\d.]+):(\d+)/plants")
-            .groups()
-        )
-        return process, host, port
-    if kind == "granian":
+        log = Lines(process.stderr)
+        host, port = log.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+        logs = [log, Lines(process.stdout)]
+    elif kind == "granian":
         server = start_granian(spawn, env, database)
-        return server.process, "127.0.0.1", server.port
-    return start_gunicorn(
-        spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else [])
-    )[:3]
+        process, host, port = server.process, "127.0.0.1", server.port
+        logs = [server.log, Lines(process.stderr)]
+    elif kind in ("gunicorn", "gunicorn-preload"):
+        process, host, port, log = start_gunicorn(
+            spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else [])
+        )
+        logs = [log, Lines(process.stdout)]
+    else:
+        host, port = "127.0.0.1", free_port()
+        process = spawn(other_server_command(kind, port), env)
+        logs = [Lines(process.stdout), Lines(process.stderr)]
+        # a connection, and no request: the test is that none is needed
+        wait_listening(process, port)
+    return SimpleNamespace(
+        process=process,
+        host=host,
+        port=port,
+        output=lambda: "".join(log.rest() for log in logs),
+    )
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def other_server_command(kind, port):
+    """The command docs/deploy.md gives for uWSGI, waitress, cheroot or werkzeug, on
+    this loopback port, with this Python's virtualenv and the commands it installed."""
+    table = (HERE / "docs" / "deploy.md").read_text()
+    row = re.search(rf"^\| {kind} \| `([^`]+)`", table, re.IGNORECASE | re.MULTILINE)
+    assert row, f"docs/deploy.md has no row for {kind}: change the test with it"
+    assert "127.0.0.1:8000" in row[1] or "'127.0.0.1', 8000" in row[1], row[1]
+    program, *args = shlex.split(row[1].replace("8000", str(port)))
+    scripts = Path(sysconfig.get_path("scripts"))
+    return [
+        sys.executable if program == "python" else scripts / program,
+        *(arg.replace("/path/to/venv", sys.prefix) for arg in args),
+    ]
+
+
 @pytest.mark.parametrize(
-    "kind", ["python-plantstore-py", "gunicorn", "gunicorn-preload", "granian"]
+    ("kind", "database"),
+    [
+        (kind, database)
+        for kind in ("python-plantstore-py", "gunicorn", "gunicorn-preload", "granian")
+        for database in ("sqlite", "postgres")
+    ]
+    # the other servers on SQLite alone: PostgreSQL's outbox is the same SQL, run above
+    + [(kind, "sqlite") for kind in ("uwsgi", "waitress", "cheroot", "werkzeug")],
 )
 def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(
     kind, database, spawn, receiver, tmp_path, request
@@ -3477,10 +3525,12 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         PLANTSTORE_WEBHOOK_URL=hook.url,
         PLANTSTORE_WEBHOOK_SECRET=SECRET,
     )
-    process, host, port = start_a_server(kind, spawn, env, database)
+    server = start_a_server(kind, spawn, env, database)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         statuses = pool.map(
-            lambda n: post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0],
+            lambda n: post_over_http(
+                server.host, server.port, TOKEN, {"id": n, "name": f"p{n}"}
+            )[0],
             range(50),
         )
         assert list(statuses) == [200] * 50
@@ -3493,8 +3543,8 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         ),
         "an attempt to a receiver that is down never ended",
     )
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(WAIT)
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait(WAIT)
     back = receiver(hook_port)
     start_a_server(kind, spawn, env, database)  # and no request, from here on
     wait_until(
@@ -3503,6 +3553,216 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         20,
     )
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
+
+
+def processes_in_group(group):
+    """The process ids of a process group still running (a zombie has ended)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # it ended meanwhile
+            # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+            state, _, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
+            if int(pgrp) == group and state != "Z":
+                running.append(int(stat.parent.name))
+    return running
+
+
+@pytest.mark.parametrize(
+    ("kind", "stop"),
+    [
+        ("python-plantstore-py", signal.SIGTERM),
+        ("python-plantstore-py", signal.SIGINT),
+        ("gunicorn", signal.SIGTERM),
+        ("granian", signal.SIGTERM),
+        ("uwsgi", signal.SIGTERM),
+    ],
+    ids=[
+        "python-plantstore-py",
+        "python-plantstore-py-ctrl-c",
+        "gunicorn",
+        "granian",
+        "uwsgi",
+    ],
+)
+def test_edges_a_stop_with_deliveries_in_flight_is_clean_and_frees_their_events(
+    kind, stop, spawn, raw_receiver, receiver, tmp_path
+):
+    silent = raw_receiver(answer=None)  # takes each delivery, and never answers
+    db = tmp_path / "plants.sqlite3"
+
+    def outbox(query):
+        with contextlib.closing(sqlite3.connect(db)) as connection:
+            return connection.execute(query).fetchone()[0]
+
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=str(db),
+        PLANTSTORE_WEBHOOK_URL=silent.url(),
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    server = start_a_server(kind, spawn, env, "sqlite")
+    plants, workers = 12, 1 if kind == "python-plantstore-py" else 2
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # to each worker, likely
+        statuses = pool.map(
+            lambda n: post_over_http(
+                server.host, server.port, TOKEN, {"id": n, "name": f"p{n}"}
+            )[0],
+            range(plants),
+        )
+        assert list(statuses) == [200] * plants
+    # each worker sends as many at once as it may; the others wait
+    in_flight = plantstore.WebhookSender.PER_URL * workers
+    wait_until(
+        lambda: len(silent.requests) >= in_flight,
+        lambda: f"{len(silent.requests)} of {in_flight} attempts came",
+    )
+    assert outbox("SELECT count(*) FROM plant_events WHERE lease > 0") == in_flight
+    if stop == signal.SIGINT:  # Ctrl-C: the terminal signals its foreground group
+        os.killpg(server.process.pid, stop)
+    else:  # as systemd's KillMode=mixed stops a service: its main process alone
+        server.process.send_signal(stop)
+    wait_until(
+        lambda: (
+            server.process.poll() is not None
+            and not processes_in_group(server.process.pid)
+        ),
+        lambda: (
+            f"running 10 s after the stop: {processes_in_group(server.process.pid)}"
+        ),
+        10,
+    )
+    printed = server.output()
+    assert not re.search("Traceback|Exception", printed), printed
+    assert server.process.returncode == 0, printed
+    # nothing lost, and the cut attempts' events free at once, not when a lease ends
+    assert outbox("SELECT count(*) FROM plant_events") == plants, printed
+    assert outbox("SELECT count(*) FROM plant_events WHERE lease != 0") == 0, printed
+    silent.stop()
+    back = receiver(silent.port)  # the same URL, answering now
+    start_a_server(kind, spawn, env, "sqlite")  # and no request, from here on
+    wait_until(
+        lambda: len(back.delivered()) >= plants,
+        lambda: f"{len(back.delivered())} of {plants} events came",
+        10,
+    )
+    assert sorted(plant["id"] for plant in back.delivered()) == list(range(plants))
+
+
+FORK_HAND_OVER = """
+import io, json, os, sqlite3, sys, threading, time
+from wsgiref.util import setup_testing_defaults
+
+import plantstore
+
+db, url = sys.argv[1:]
+
+
+def say(who, **what):  # one write: parent and child share the pipe
+    sys.stdout.write(json.dumps({"who": who, **what}) + "\\n")
+    sys.stdout.flush()
+
+
+def threads():
+    \"\"\"The threads of this process: Python's, and the system's.\"\"\"
+    with open("/proc/self/status") as status:
+        system = next(int(line.split()[1]) for line in status if line[:8] == "Threads:")
+    return {"python": threading.active_count(), "system": system}
+
+
+def senders():
+    return sum(t.name == "plantstore-webhooks" for t in threading.enumerate())
+
+
+def outbox(query):
+    with sqlite3.connect(db) as connection:
+        return connection.execute(query).fetchone()[0]
+
+
+def wait(condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+# registered before the app's: run after its own, as the process forks
+forking = []
+os.register_at_fork(before=lambda: forking.append(threads()))
+app = plantstore.make_app(
+    [os.environ["PLANTSTORE_TOKENS"]],
+    store=plantstore.SQLiteStore(db),
+    webhook_urls=[url],
+    webhook_secret=os.environ["PLANTSTORE_WEBHOOK_SECRET"],
+)
+body = b'{"id": 1, "name": "Fern"}'
+environ = {
+    "REQUEST_METHOD": "POST",
+    "PATH_INFO": "/plants",
+    "CONTENT_TYPE": "application/json",
+    "CONTENT_LENGTH": str(len(body)),
+    "HTTP_AUTHORIZATION": "Bearer " + os.environ["PLANTSTORE_TOKENS"],
+    "wsgi.input": io.BytesIO(body),
+}
+setup_testing_defaults(environ)
+statuses = []
+b"".join(app(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+assert statuses == ["200 OK"], statuses
+# the receiver is down: its first attempt ends at once, and the next is seconds away
+assert wait(
+    lambda: outbox("SELECT attempts > 0 AND lease = 0 FROM plant_events"), 10
+), "the first attempt never ended"
+pid = os.fork()
+if pid:
+    say("parent", senders=senders(), forking=forking[-1])
+    app.webhook_sender.close()
+    say("parent", closed=senders())
+    sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+# the child: its sender tries again soon, once the receiver is up
+plantstore.WebhookSender.PROBE_SECONDS = 0.2
+say("child", senders=senders())
+emptied = wait(lambda: not outbox("SELECT count(*) FROM plant_events"), 20)
+say("child", delivered=emptied)
+"""
+
+
+def test_edges_a_fork_stops_the_sender_and_starts_one_in_each_process(
+    spawn, receiver, tmp_path
+):
+    hook = receiver()
+    hook_port = hook.server.server_address[1]
+    hook.stop()  # down until the parent has stopped sending: the child alone sends
+    script = tmp_path / "fork_hand_over.py"
+    script.write_text(FORK_HAND_OVER)
+    process = spawn(
+        # always: an error would be cleared unseen in os.fork (3.12 and later)
+        [sys.executable, "-W", "always::DeprecationWarning", script]
+        + [tmp_path / "plants.sqlite3", hook.url],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+            PYTHONPATH=str(HERE),
+        ),
+    )
+    out, err, messages = Lines(process.stdout), Lines(process.stderr), []
+
+    def heard(who, what):
+        """What `who` said of `what`, once said: parent and child speak by turns."""
+        while not (
+            said := [m[what] for m in messages if m["who"] == who and what in m]
+        ):
+            messages.append(json.loads(out.until(".").string))
+        return said[0]
+
+    # the fork saw one thread: the sender had stopped before it
+    assert heard("parent", "forking") == {"python": 1, "system": 1}
+    assert heard("parent", "senders") == heard("child", "senders") == 1
+    assert heard("parent", "closed") == 0
+    back = receiver(hook_port)
+    assert heard("child", "delivered") is True
+    assert process.wait(WAIT) == 0
+    assert back.delivered() == [{"id": 1, "name": "Fern"}]
+    printed = err.rest()
+    assert not re.search("DeprecationWarning|Traceback|Exception", printed), printed
 
 
 def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(tmp_path, pg_url):
@@ -4498,11 +4758,11 @@ def spawn():
     start.processes = processes
     yield start
     for process in processes:
-        try:
-            # the process and any workers it forked
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # the process and any workers it forked; once the process is reaped and its
+        # workers are gone, the group's number may be another program's
+        if process.returncode is None or processes_in_group(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         process.wait(WAIT)
         process.stdout.close()
         process.stderr.close()
