@@ -46,6 +46,9 @@ import collections
 import concurrent.futures
 import contextlib
 import difflib
+# a webhook attempt's connect imports encodings.idna for its host name: imported
+# now, so that a fork during an attempt cannot leave that import's lock held
+import encodings.idna  # noqa: F401 (imported for that alone)
 import fcntl
 import hashlib
 import hmac
