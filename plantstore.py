@@ -1990,7 +1990,9 @@ class _RequestHandler(WSGIRequestHandler):
 
     def send_error(self, code, *_message_and_explain, **_):
         # http.server's message quotes the request line (in the status line, since
-        # 3.13.15 and 3.14.7): the status's own phrase and text instead
+        # 3.13.15 and 3.14.7): the status's own phrase and text instead; and a status
+        # line even to a line that looked like HTTP/0.9, as 3.13 and later send
+        self.request_version = ""
         super().send_error(code)
 
 
