@@ -7894,6 +7894,22 @@ def test_numbers_the_docs_tie_to_a_constant_are_its_value():
             assert value == said, f"{where}: {named} is {value}"
 
 
+def test_readme_names_the_python_versions_setup_cfg_classifies():
+    """The versions the suite is run on, in README.md and in setup.cfg's classifiers."""
+    classified = re.findall(
+        r"Programming Language :: Python :: (3\.\d+)$",
+        (HERE / "setup.cfg").read_text(),
+        re.M,
+    )
+    version = r"\b3\.\d+(?![.\d])"  # 3.14, not 3.14.10
+    for pattern in (
+        r"The suite passes, unchanged, on ([^;]*);",  # the section
+        r"tested on\]\S* ([^)]*)",  # Two commands
+    ):
+        where, said = doc_find("README.md", pattern)
+        assert re.findall(version, said[1]) == classified, where
+
+
 def test_webhooks_md_retry_schedule_is_the_sender_s():
     where, said = doc_find("docs/webhooks.md", r"with up to \d+% jitter: ([^;]+);")
     seconds = {"s": 1, "min": 60, "h": 3600}
@@ -7969,3 +7985,4 @@ def test_benchmark_smoke_run(capsys):
         r"ceiling\s+[\d.]+\s+1\.00x", table
     )
     assert re.search(r"Memory: \d+ bytes per stored plant at 2,000 plants", table)
+
