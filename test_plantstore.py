@@ -7986,3 +7986,15 @@ def test_benchmark_smoke_run(capsys):
     )
     assert re.search(r"Memory: \d+ bytes per stored plant at 2,000 plants", table)
 
+
+def test_gc_index_benchmark_smoke_run(capsys):
+    spec = importlib.util.spec_from_file_location(
+        "gc_index", HERE / "benchmarks" / "gc_index.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["layouts", "--plants", "3000", "--rounds", "1", "--per-round", "200"])
+    bench.main(["collect", "3000"])
+    printed = capsys.readouterr().out
+    assert re.search(r"through the app: dict [\d.]+ us, array [\d.]+ us", printed)
+    assert re.search(r"3,000 plants: +[\d.]+ ms \(no store: [\d.]+ ms\)", printed)
