@@ -47,19 +47,18 @@ import concurrent.futures
 import contextlib
 import difflib
 import fcntl
-import functools
 import hashlib
 import hmac
 import http.client
 import os
 import random
 import secrets
-import select
 import signal
 import socket
 import socketserver
 import sqlite3
 import time
+import types
 import weakref
 from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
@@ -607,7 +606,6 @@ CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_
 
 __all__ += [
     "OPENAPI",
-    "PostgresStore",
     "SQLStore",
     "SQLiteStore",
     "make_app",
@@ -663,18 +661,16 @@ class SQLStore(Store):
         self.shown = shown  # how messages name the database: never with a password
         # on_create(run, plant_id, name, tag): in the plant's transaction
         self.on_create = None
-        # an engine that queues writers sets a lock
-        self._write_lock = contextlib.nullcontext()
-        # guards the pool, and the statements the watchdog sees
-        self._lock = threading.Lock()
-        self._asking = threading.Lock()  # held by the one health question in flight
         # when the last health answer came, and whether it was yes
         self._answer = 0.0, True
-        self._pid, self._ready, self._outage_said, self._busy = None, False, False, {}
-        # waiting creates
-        self._queued, self._queue = threading.Condition(), collections.deque()
-        # (the process id) while a thread of that process writes a batch
-        self._writing = None
+        self._ready, self._outage_said = False, False
+
+    def _here(self):
+        """This process's pool, queue and locks (see "Background work" below)."""
+        return this_process(self, self._fresh)
+
+    def _fresh(self):
+        return _Here(self.POOL_SIZE, contextlib.nullcontext())
 
     def open_at_start(self):
         """Make the tables now: a database plantstore cannot use stops the start. No
@@ -695,46 +691,44 @@ class SQLStore(Store):
         others wait for its answer, or for their turn. A 200 means committed, within
         DB_WAIT_SECONDS.
         """
+        here = self._here()
         # its result: whether the plant was created
         create = concurrent.futures.Future()
         create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
         create.size = len(create.plant[1]) + len(create.plant[2] or b"")
         create.deadline = time.monotonic() + DB_WAIT_SECONDS
-        with self._queued:
-            if self._writing is not None and self._writing[0] != os.getpid():
-                # a forked worker: no batch of its parent's is under way
-                self._writing = None
-            self._queue.append(create)
+        with here.queued:
+            here.queue.append(create)
         while not create.done():
-            with self._queued:
+            with here.queued:
                 # another thread writes a batch
-                while self._writing and not create.done():
-                    if not self._queued.wait(create.deadline - time.monotonic()):
+                while here.writing and not create.done():
+                    if not here.queued.wait(create.deadline - time.monotonic()):
                         # left out of the next batch, unless one holds it
                         create.cancel()
                         raise unavailable("the database")
                 if create.done():
                     break
-                self._writing, batch = (os.getpid(),), self._next_batch()
+                here.writing, batch = True, self._next_batch(here.queue)
             try:
                 self._write_batch(batch)
             finally:
-                with self._queued:
-                    self._writing = None
+                with here.queued:
+                    here.writing = False
                     # its creates are answered; another may write
-                    self._queued.notify_all()
+                    here.queued.notify_all()
         return create.result()  # a failed batch raises its 503 here
 
-    def _next_batch(self):
+    def _next_batch(self, queue):
         """The creates queued now, oldest first, within the bounds, still waited for."""
         batch, size = [], 0
         while (
-            self._queue
+            queue
             and len(batch) < self.BATCH
-            and (not batch or size + self._queue[0].size <= self.BATCH_BYTES)
+            and (not batch or size + queue[0].size <= self.BATCH_BYTES)
         ):
-            size += self._queue[0].size
-            batch.append(self._queue.popleft())
+            size += queue[0].size
+            batch.append(queue.popleft())
         return [create for create in batch if create.set_running_or_notify_cancel()]
 
     def _write_batch(self, batch):
@@ -783,8 +777,8 @@ class SQLStore(Store):
     def ping(self):
         """The health check's question, one in flight per process: the checks arriving
         meanwhile share its answer, and none waits past HEALTH_WAIT_SECONDS."""
-        arrived = time.monotonic()
-        if not self._asking.acquire(timeout=HEALTH_WAIT_SECONDS):
+        arrived, asking = time.monotonic(), self._here().asking
+        if not asking.acquire(timeout=HEALTH_WAIT_SECONDS):
             raise unavailable("the database")
         try:
             if self._answer[0] < arrived:  # no answer came while this one waited: ask
@@ -796,7 +790,7 @@ class SQLStore(Store):
             if not self._answer[1]:
                 raise unavailable("the database")
         finally:
-            self._asking.release()
+            asking.release()
 
     def page(self, after, limit):
         """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
@@ -823,7 +817,7 @@ class SQLStore(Store):
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
-                with self._write_lock if write else contextlib.nullcontext():
+                with self._here().writers if write else contextlib.nullcontext():
                     with self._connection(started + wait) as (db, reused):
                         result = self._work(db, work, transaction, started + wait)
                 break
@@ -848,17 +842,13 @@ class SQLStore(Store):
     def _connection(self, deadline):
         """A connection of this process's pool, and whether it served before; an error
         drops it, and a fork never uses its parent's connections."""
-        with self._lock:
-            # a forked worker never uses its parent's connections
-            if self._pid != os.getpid():
-                self._idle, self._slots = [], threading.Semaphore(self.POOL_SIZE)
-                self._busy, self._pid = {}, os.getpid()
-        if not self._slots.acquire(timeout=max(0, deadline - time.monotonic())):
+        here = self._here()
+        if not here.slots.acquire(timeout=max(0, deadline - time.monotonic())):
             raise unavailable("the database")  # every connection busy past the deadline
         db = None
         try:
-            with self._lock:
-                db = self._idle.pop() if self._idle else None
+            with here.lock:
+                db = here.idle.pop() if here.idle else None
             if db is not None and not self.usable(db):
                 self._close(db)
                 db = None
@@ -868,13 +858,13 @@ class SQLStore(Store):
                 self.setup(lambda sql: self.execute(db, sql, {}, deadline))
                 self._ready = True
             yield db, reused
-            with self._lock:
-                self._idle.append(db)
+            with here.lock:
+                here.idle.append(db)
             db = None
         finally:
             if db is not None:
                 self._close(db)
-            self._slots.release()
+            here.slots.release()
 
     def _work(self, db, work, transaction, deadline):
         def run(sql, **parameters):
@@ -931,6 +921,27 @@ class SQLStore(Store):
     def describe(self, error):
         return str(error).splitlines()[0] if str(error) else type(error).__name__
 
+    def close(self):
+        """Close the connections this process holds idle."""
+        here = self._here()
+        with here.lock:
+            idle, here.idle = here.idle, []
+        for db in idle:
+            self._close(db)
+
+
+class _Here:
+    """What a SQL store holds in one process: its connections, creates and locks."""
+
+    def __init__(self, pool_size, writers):
+        self.lock = threading.Lock()  # guards idle and busy
+        self.slots = threading.Semaphore(pool_size)  # connections left to make
+        self.idle, self.busy = [], {}  # connections: free; running, to their deadline
+        self.asking = threading.Lock()  # held by the one health question in flight
+        self.queued = threading.Condition()  # guards queue and writing
+        self.queue, self.writing = collections.deque(), False  # creates to write
+        self.writers = writers  # the lock a writer holds, shared with other processes
+
 
 class SQLiteStore(SQLStore):
     """Plants in an SQLite file on this machine, shared by the workers that open it."""
@@ -967,16 +978,18 @@ class SQLiteStore(SQLStore):
                 f"{folder}: this user cannot write in this directory, "
                 f"which {self.path} needs"
             )
-        self._write_lock = _WriteQueue(self.path + "-writers")
         try:  # made for its owner alone (and so are -wal and -shm, which take its mode)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-            with self._write_lock:  # workers that start together make it one at a time
+            with self._here().writers:  # workers starting together make it in turn
                 self.open_at_start()
         except (sqlite3.Error, OSError) as error:
             raise ValueError(
                 f"{self.path} cannot be opened as a plantstore database: "
                 f"{self.describe(error)}"
             ) from None
+
+    def _fresh(self):
+        return _Here(self.POOL_SIZE, _WriteQueue(self.path + "-writers"))
 
     def connect(self, deadline):
         """A connection to the file, which must exist: a deleted file is not remade."""
@@ -1023,20 +1036,12 @@ class _WriteQueue:
     """
 
     def __init__(self, path):
-        self.path, self._thread_lock, self._fd, self._pid = (
-            path,
-            threading.Lock(),
-            None,
-            None,
-        )
+        self._thread_lock = threading.Lock()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
     def __enter__(self):
         self._thread_lock.acquire()
         try:
-            # opened in each process: a forked worker has its own
-            if self._pid != os.getpid():
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-                self._pid = os.getpid()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
@@ -1045,237 +1050,6 @@ class _WriteQueue:
     def __exit__(self, *exc_info):
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._thread_lock.release()
-
-
-class PostgresStore(SQLStore):
-    """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares
-    them.
-
-    No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
-    keepalives notice a silent host, and a watchdog shuts the connection of a statement
-    still running at its request's deadline (a commit held by a synchronous standby that
-    is gone, say). That request answers 503, even if PostgreSQL went on to commit it:
-    retried, the create answers 200 or 409.
-    """
-
-    EVENTS = (
-        "CREATE TABLE IF NOT EXISTS plant_events"
-        " (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
-        " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
-        " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
-        " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
-    )
-    # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
-    # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
-    # for CREATE on the schema even when the table exists: a role given the tables must
-    # not try to make them.
-    schema = (
-        "BEGIN",
-        "SELECT pg_advisory_xact_lock(7274)",
-        "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
-        " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
-        " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
-        f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
-        " END IF; END $$",
-        "COMMIT",
-    )
-    # libpq's settings unless the URL gives its own: a host that goes silent fails in
-    # seconds.
-    BOUNDS = {
-        "connect_timeout": CONNECT_SECONDS,
-        "keepalives": 1,
-        "keepalives_idle": 2,
-        "keepalives_interval": 1,
-        "keepalives_count": 2,
-        "tcp_user_timeout": DB_WAIT_SECONDS * 1000,
-    }
-
-    def __init__(self, conninfo):
-        self.parameters, shown = postgres_settings(conninfo)
-        # the one dependency outside the standard library, for this store alone
-        import psycopg
-
-        self._psycopg, self._watching = psycopg, None
-        super().__init__(shown)
-        self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
-        try:
-            self.open_at_start()
-        except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
-            raise ValueError(
-                f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
-                "role needs CREATE on the schema to make plantstore's tables or, "
-                "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
-                "them"
-            ) from None
-        # libpq checks its options' values before it connects
-        except psycopg.Error as error:
-            option = (
-                re.search(r'option "(\w+)"', str(error))  # libpq's for a number
-                or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error))
-            )
-            if option:  # named, never quoted: the value may be a password's neighbour
-                raise ValueError(
-                    f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
-                    f"option {next(filter(None, option.groups()))}"
-                ) from None
-            if not isinstance(error, self.unavailable):
-                raise
-            # The database is away at start: waited for, as any outage is.
-
-    # What plantstore's own tables hold (pgloader or psql may make others): seq and id
-    # are unique and never NULL, and so a name is never NULL.
-    COLUMNS = (
-        "SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
-        " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
-        " FROM pg_attribute"
-        " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')"
-    )
-    # A table filled with its seq values (a move with pgloader, a restore by hand)
-    # leaves its
-    # identity behind them, and each create would collide: moved past them, never back.
-    MOVE = (
-        "SELECT setval(q.name, greatest(max, last_value)), max"
-        " FROM (SELECT max(seq) FROM {0})"
-        " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
-        " WHERE format('%I.%I', schemaname, sequencename) = q.name"
-        " AND max > coalesce(last_value, 0)"
-    )
-
-    ONE_STATEMENT = True
-    # A batch in one statement, one round trip: rows take their seq in the order they
-    # came.
-    INSERT_MANY = (
-        "INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
-        "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
-        " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
-        " ON CONFLICT (id) DO NOTHING RETURNING id"
-    )
-
-    def insert(self, run, plants):
-        if len(plants) == 1:
-            return super().insert(run, plants)
-        ids, names, tags = map(list, zip(*plants, strict=True))
-        created = collections.Counter(
-            row[0] for row in run(self.INSERT_MANY, ids=ids, names=names, tags=tags)
-        )
-        # an id once, to the first
-        return [created.pop(plant_id, 0) > 0 for plant_id in ids]
-
-    def setup(self, execute):
-        super().setup(execute)
-        for name, not_null, unique in execute(self.COLUMNS).fetchall():
-            if not not_null or name != "name" and not unique:
-                raise ValueError(
-                    f"the {self.shown} has a 'plants' table that plantstore did not "
-                    f"make: its {name} column may hold "
-                    + ("NULL" if not not_null else "duplicates")
-                )
-        for table in "plants", "plant_events":
-            # the owner's
-            with contextlib.suppress(self._psycopg.errors.InsufficientPrivilege):
-                for _, largest in execute(self.MOVE.format(table)).fetchall():
-                    _log(
-                        f"the identity of {table} was behind its largest seq, "
-                        f"{largest}: "
-                        "moved past it"
-                    )
-
-    def connect(self, deadline):
-        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's
-        # bound.
-        seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
-        return self._psycopg.connect(
-            **{**self.BOUNDS, "connect_timeout": seconds, **self.parameters},
-            autocommit=True,
-        )
-
-    def execute(self, db, sql, parameters, deadline):
-        # the watchdog sees each statement, with its request's deadline
-        with self._lock:
-            # one watchdog in each process that runs them
-            if self._watching != os.getpid():
-                self._watching = os.getpid()
-                threading.Thread(
-                    target=self._watch, name="plantstore-watchdog", daemon=True
-                ).start()
-            self._busy[db] = deadline
-        try:
-            # psycopg reads no placeholder then: '::' and '%' stay as they are
-            if not parameters:
-                return db.execute(sql)
-            return db.execute(_pyformat(sql), parameters)
-        finally:
-            with self._lock:
-                del self._busy[db]
-
-    def _watch(self):
-        """Shut the connection of each statement past its deadline: a 503 answers."""
-        while True:
-            time.sleep(0.25)
-            # held, so that no statement ends, and its socket closes, meanwhile
-            with self._lock:
-                for db, deadline in self._busy.items():
-                    if deadline < time.monotonic():
-                        with (
-                            contextlib.suppress(OSError),
-                            socket.socket(fileno=os.dup(db.fileno())) as connection,
-                        ):
-                            connection.shutdown(socket.SHUT_RDWR)
-
-    def usable(self, db):
-        # An idle connection has nothing to read: if it has, the server said goodbye (a
-        # restart).
-        return not select.select([db.fileno()], [], [], 0)[0]
-
-
-def postgres_settings(conninfo):
-    """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
-    messages name it: a URL made anew from those parameters, without the password."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:
-        raise ValueError(
-            f"{DB_VARIABLE} names a PostgreSQL database, which needs psycopg: "
-            "pip install 'plantstore[postgres]'"
-        ) from None
-    try:  # libpq reads the scheme in lower case only
-        parameters = conninfo_to_dict(
-            re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)
-        )
-    # libpq's message quotes the setting, password and all: never shown
-    except Exception:
-        raise ValueError(
-            f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
-            "digits, an option libpq does not know, or a word without =value; it "
-            f"takes {DB_FORMS}"
-        ) from None
-    hosts = parameters.get("host", parameters.get("hostaddr", "")).split(",")
-    ports = parameters.get("port", "").split(",")
-    if len(ports) not in (1, len(hosts)) or not all(
-        re.fullmatch("[0-9]{1,5}", port) and 0 < int(port) < 65536
-        for port in ports
-        if port
-    ):
-        raise ValueError(
-            f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
-            "one for every host or one for all"
-        )
-    ports = ports * len(hosts) if len(ports) == 1 else ports
-    where = ",".join(
-        (f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
-        for host, port in zip(hosts, ports, strict=True)
-    )
-    user = parameters.get("user", "") and f"{parameters['user']}@"
-    return (
-        parameters,
-        f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}",
-    )
-
-
-@functools.cache
-def _pyformat(sql):
-    """The SQL in psycopg's placeholders: :name becomes %(name)s."""
-    return re.sub(r":(\w+)", r"%(\1)s", sql)
 
 
 def _utf8(text):
@@ -1288,6 +1062,73 @@ def _text(data):
 
 
 # ---- Webhooks: each new plant, signed and retried, from threads of its own ----
+#
+# Background work, by one rule. A thread of plantstore's (the webhook sender, the
+# PostgreSQL watchdog) belongs to the process that runs it, and so does what it uses:
+# a process that finds no state of its own makes it anew (this_process), and never
+# touches a thread, lock, socket or connection of the process it was forked from. The
+# sender starts when the app is built. Before a fork each thread stops; after it, it
+# starts again in the parent and in the child (os.register_at_fork), so it runs with
+# no request needed whether a server builds the app where it serves or forks after.
+# A thread ends when the process's main thread has ended, and frees what it held.
+
+
+def this_process(owner, make):
+    """owner's state in this process: what make() gave here, or, if this process has
+    none yet (a fork's child), what it gives now."""
+    pid, state = getattr(owner, "_process", (None, None))
+    if pid != os.getpid():
+        state = make()
+        owner._process = os.getpid(), state
+    return state
+
+
+class Background:
+    """A thread of this process that runs loop() until going() says no, kept by the
+    rule above; prepare() makes the process's state first. wake() cuts short the wait
+    of going(); start() and stop() come in turn."""
+
+    def __init__(self, name, loop, prepare=lambda: None):
+        self.name, self.loop, self.prepare = name, loop, prepare
+        self._thread, self._resume = None, False
+        self._stop = self._wake = threading.Event()
+        me = weakref.ref(self)  # the hooks outlive a Background no longer used
+        os.register_at_fork(
+            before=lambda: me() and me()._before_fork(),
+            after_in_parent=lambda: me() and me()._after_fork(),
+            after_in_child=lambda: me() and me()._after_fork(),
+        )
+
+    def start(self):
+        if not (self._thread and self._thread.is_alive()):
+            self.prepare()  # before the thread, and before a fork's child serves
+            self._stop, self._wake = threading.Event(), threading.Event()
+            self._thread = threading.Thread(target=self.loop, name=self.name)
+            self._thread.start()
+
+    def stop(self):
+        if self._thread and self._thread.is_alive():
+            self._stop.set()
+            self._wake.set()
+            self._thread.join()
+
+    def going(self, seconds=0):
+        """Wait up to `seconds` for a wake(); whether the thread is to go on."""
+        if self._wake.wait(seconds):
+            self._wake.clear()
+        alive = threading.main_thread().is_alive()
+        return alive and not self._stop.is_set()
+
+    def wake(self):
+        self._wake.set()
+
+    def _before_fork(self):
+        self._resume = bool(self._thread and self._thread.is_alive())
+        self.stop()
+
+    def _after_fork(self):
+        if self._resume:
+            self.start()
 
 
 class WebhookSender:
@@ -1298,16 +1139,19 @@ class WebhookSender:
     2xx. With a SQL store that table is written in the plant's own transaction, so a 200
     means at least one delivery, across crashes and restarts; several workers may
     deliver one event, and receivers deduplicate by webhook-id. With the in-memory store
-    the table is in an SQLite database in the memory of the sender's thread: best
-    effort, lost with the process, and at most MAX_WAITING events or MAX_WAITING_BYTES.
-    The sender starts with the first request a process serves. Its thread claims due
-    events, at most PER_URL at once for each receiver, and hands them to a pool that
-    POSTs them; each attempt is cut after TIMEOUT seconds, whatever the receiver does,
-    so a slow receiver holds up no other, and no create waits for any. A failed attempt
-    is retried on SCHEDULE, with jitter. While a receiver gives no answer (or its
-    gateway answers 502-504), its oldest event alone is tried, every PROBE_SECONDS; once
-    one gets through, the others follow at once. A URL that answers 410, or is no longer
-    configured, gets nothing more: its events are dropped.
+    the table is in an SQLite database in the memory of the process: best effort, lost
+    with the process, and at most MAX_WAITING events or MAX_WAITING_BYTES.
+
+    It starts when it is made (see "Background work" above). Its thread claims due
+    events, at most PER_URL at once for each receiver, and hands each to a thread that
+    POSTs it; each attempt is cut after TIMEOUT seconds, whatever the receiver does, so
+    a slow receiver holds up no other, and no create waits for any. A failed attempt is
+    retried on SCHEDULE, with jitter. While a receiver gives no answer (or its gateway
+    answers 502-504), its oldest event alone is tried, every PROBE_SECONDS; once one
+    gets through, the others follow at once. A URL no longer configured gets nothing
+    more: its events are dropped. One that answers 410 gets nothing more from this
+    process, which drops the events waiting for it; the other processes stop at their
+    own 410.
     """
 
     # seconds before a retry
@@ -1351,43 +1195,34 @@ class WebhookSender:
         self.outbox_is_sql = self._store is not None
         if self._store:
             store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
-        self._lock, self._pid, self._waiting = threading.Lock(), None, (0, 0)
-        self._dropping = False
+        self._waiting, self._dropping, self._closed = (0, 0), False, False
+        self._thread = Background(
+            "plantstore-webhooks", self._loop, lambda: this_process(self, self._fresh)
+        )
+        self._thread.start()
 
-    def start_here(self):
-        """Start sending in this process unless it does already: a server may fork
-        after building the app (gunicorn --preload); no thread or database follows."""
-        if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    self._start()
-                    self._pid = os.getpid()
-
-    def _start(self):
-        self.outbox = self._store and self._store.run
-        # an SQLite database in memory, for the sender and notify(), in turn
-        if not self._store:
+    def _fresh(self):
+        """This process's outbox (the SQL store's, or its own in memory) and attempts:
+        their events, whether a probe, keyed by seq; the statuses come in `done`."""
+        here = types.SimpleNamespace(outbox=self._store and self._store.run)
+        here.in_flight, here.done, here.failing, here.connections = {}, [], {}, {}
+        here.started_over = False
+        if not self._store:  # used by the sender and by notify(), in turn
             memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
             )
             memory.execute(SQLiteStore.EVENTS)
-            self.outbox = lambda sql, **parameters: self._in_turn(
-                memory, sql, parameters
-            )
-        # URL: when last tried; connection: its deadline
-        self._failing, self._attempts = {}, {}
-        self._wake, self._stop = threading.Event(), threading.Event()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            self.PER_URL * len(self.urls)
-        )
-        self._thread = threading.Thread(
-            target=self._loop, name="plantstore-webhooks", daemon=True
-        )
-        self._thread.start()
+            lock = threading.Lock()
 
-    def _in_turn(self, memory, sql, parameters):
-        with self._lock:
-            return memory.execute(sql, parameters).fetchall()
+            def outbox(sql, **parameters):
+                with lock:
+                    return memory.execute(sql, parameters).fetchall()
+
+            here.outbox, here.memory = outbox, memory
+        return here
+
+    def outbox(self, sql, **parameters):
+        return this_process(self, self._fresh).outbox(sql, **parameters)
 
     def notify(self, plant_id, name, tag):
         """After a create: write the event in memory, or wake for the one SQL wrote."""
@@ -1407,15 +1242,13 @@ class WebhookSender:
                     f"webhook events are dropped: {count} events of {size // 2**20} MB "
                     "wait in memory already, until they drain"
                 )
-        self._wake.set()
+        self._thread.wake()
 
     def close(self):
-        """Stop sending (the outbox keeps its events); wait for attempts under way."""
-        if self._pid == os.getpid():
-            self._stop.set()
-            self._wake.set()
-            self._thread.join()
-            self._pool.shutdown()
+        """Stop sending, in this process, and free the events of the attempts under
+        way: the outbox keeps them, and a sender takes them at once."""
+        self._closed = True
+        self._thread.stop()
 
     def _write(self, run, body):
         for url in self.urls:
@@ -1427,21 +1260,16 @@ class WebhookSender:
             )
 
     def _loop(self):
-        in_flight, started_over = {}, False  # future: (event, whether it is a probe)
-        while not self._stop.is_set():
+        here, wait = this_process(self, self._fresh), 0  # the first round at once
+        while self._thread.going(wait):
+            wait = self.POLL_SECONDS
             try:
-                started_over = started_over or self._start_over()
-                self._claim(in_flight)
-                self._cut_late_attempts()
-                if in_flight:
-                    done, _ = concurrent.futures.wait(
-                        in_flight, self.POLL_SECONDS, concurrent.futures.FIRST_COMPLETED
-                    )
-                    for future in done:
-                        self._settle(*in_flight.pop(future), future.result())
-                else:  # until a create wakes it, or events of other workers may be due
-                    self._wake.wait(self.POLL_SECONDS)
-                    self._wake.clear()
+                here.started_over = here.started_over or self._start_over()
+                while here.done:  # each attempt that ended
+                    seq, status = here.done.pop()
+                    self._settle(*here.in_flight.pop(seq), status)
+                self._claim(here)
+                self._cut_late_attempts(here)
                 # what waits, counted again: notify() counts up only
                 if not self._store:
                     waiting = self.outbox(self.WAITING)
@@ -1451,13 +1279,24 @@ class WebhookSender:
                     )
             # the database is away, and said so: try again in a moment
             except HTTPError:
-                self._stop.wait(RETRY_AFTER)
+                wait = RETRY_AFTER
             except Exception:
                 _log(
                     f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
                     f"{traceback.format_exc()}"
                 )
-                self._stop.wait(RETRY_AFTER)
+                wait = RETRY_AFTER
+        if self._closed or not threading.main_thread().is_alive():
+            self._free(here)
+
+    def _free(self, here):
+        """At the end: the events of attempts under way are free for the next sender."""
+        with contextlib.suppress(HTTPError):
+            for seq in list(here.in_flight):
+                self.outbox(self.RELEASE, seq=seq)
+        here.in_flight.clear()
+        if not self._store:
+            here.memory.close()
 
     def _start_over(self):
         """Drop the events of URLs no longer configured; try each other due one once."""
@@ -1472,16 +1311,16 @@ class WebhookSender:
                 self.outbox(self.DUE_NOW, now=time.time(), url=url)
         return True
 
-    def _claim(self, in_flight):
-        """Hand each URL's due events to the pool, up to PER_URL in flight for each."""
+    def _claim(self, here):
+        """Start an attempt for each URL's due events, up to PER_URL in flight each."""
         now = time.time()
         for url in self.urls:
-            busy = sum(event[1] == url for event, _ in in_flight.values())
-            probing = url in self._failing
-            if probing and (busy or now - self._failing[url] < self.PROBE_SECONDS):
+            busy = sum(event[1] == url for event, _ in here.in_flight.values())
+            probing = url in here.failing
+            if probing and (busy or now - here.failing[url] < self.PROBE_SECONDS):
                 continue
             if probing:
-                self._failing[url] = now
+                here.failing[url] = now
             free = 1 if probing else self.PER_URL - busy
             for event in (
                 self.outbox(
@@ -1495,17 +1334,24 @@ class WebhookSender:
                 if free
                 else ()
             ):
-                in_flight[self._pool.submit(self._post, *event[1:4])] = event, probing
+                here.in_flight[event[0]] = event, probing
+                threading.Thread(
+                    target=self._attempt, args=(here, event), daemon=True
+                ).start()  # daemon: a stop waits for no receiver
 
-    def _cut_late_attempts(self):
+    def _attempt(self, here, event):
+        here.done.append((event[0], self._post(here, *event[1:4])))
+        self._thread.wake()
+
+    def _cut_late_attempts(self, here):
         """Close the connection of each attempt past its TIMEOUT: http.client's timeouts
         bound each read, which a receiver that trickles bytes would never reach."""
-        for connection, deadline in list(self._attempts.items()):
+        for connection, deadline in list(here.connections.items()):
             if time.monotonic() > deadline:
                 with contextlib.suppress(AttributeError, OSError):
                     connection.sock.shutdown(socket.SHUT_RDWR)
 
-    def _post(self, url, webhook_id, body):
+    def _post(self, here, url, webhook_id, body):
         """One attempt: the receiver's status, or None when no answer came."""
         timestamp = str(int(time.time()))
         signed = f"{webhook_id}.{timestamp}.".encode() + body
@@ -1519,7 +1365,7 @@ class WebhookSender:
             http.client.HTTPSConnection if https else http.client.HTTPConnection
         )(parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
         connection.response_class = _FinalResponse
-        self._attempts[connection] = deadline = time.monotonic() + self.TIMEOUT
+        here.connections[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
             connection.request(
                 "POST",
@@ -1540,10 +1386,11 @@ class WebhookSender:
         except Exception:
             return None
         finally:
-            del self._attempts[connection]
+            del here.connections[connection]
             connection.close()
 
     def _settle(self, event, probe, status):
+        here = this_process(self, self._fresh)
         seq, url, webhook_id, _, attempts, due = event
         now = time.time()
         # a new list: requests iterate the old one
@@ -1558,7 +1405,7 @@ class WebhookSender:
         elif url not in self.urls or status and 200 <= status < 300:
             self.outbox(self.DONE, seq=seq)
             # through again: the others follow now
-            if self._failing.pop(url, None) is not None:
+            if here.failing.pop(url, None) is not None:
                 self.outbox(self.DUE_NOW, now=now, url=url)
         # its schedule stays
         elif probe and status in (None, 502, 503, 504) and due > now:
@@ -1566,10 +1413,10 @@ class WebhookSender:
         else:
             # no answer from the receiver itself: probe it
             if status in (None, 502, 503, 504):
-                self._failing.setdefault(url, now)
+                here.failing.setdefault(url, now)
             # an answer, if not a 2xx: the receiver is back, and its events go as usual
             else:
-                self._failing.pop(url, None)
+                here.failing.pop(url, None)
             if attempts < len(self.SCHEDULE):
                 delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
                 self.outbox(
@@ -1617,37 +1464,6 @@ class _FinalResponse(http.client.HTTPResponse):
                 return version, status, reason
             # the interim answer's headers: nothing to keep
             http.client.parse_headers(self.fp)
-
-
-def with_webhooks(application, sender):
-    """The application, starting the sender in the serving process at its first request
-    if not before, so that a SQL outbox's events go at once from a process forked after
-    the app was built (gunicorn --preload's workers); see built_in_a_worker()."""
-
-    def serve(environ, start_response):
-        sender.start_here()
-        return application(environ, start_response)
-
-    application.on_create = sender.notify
-    if sender.outbox_is_sql:
-        # a sender no longer used is not kept
-        start = weakref.WeakMethod(sender.start_here)
-        os.register_at_fork(after_in_child=lambda: start() and start()())
-    return serve
-
-
-def built_in_a_worker():
-    """Whether the app is built in the worker process that serves it (granian's, or
-    gunicorn's without --preload), not in a master that forks the workers next."""
-    frame = sys._getframe()  # gunicorn's Worker.load_wsgi builds the app in the worker
-    while frame and not (
-        frame.f_code.co_name == "load_wsgi"
-        and frame.f_globals["__name__"].startswith("gunicorn.")
-    ):
-        frame = frame.f_back
-    # granian's workers are its children
-    multiprocessing = sys.modules.get("multiprocessing")
-    return bool(frame or "granian" in sys.modules and multiprocessing.parent_process())
 
 
 def event_json(plant_id, name, tag):
@@ -2139,6 +1955,11 @@ class _RequestHandler(WSGIRequestHandler):
     def log_error(self, format, *args):
         pass  # http.server would quote the raw request line, secrets and all
 
+    def send_error(self, code, *_message_and_explain, **_):
+        # http.server's message quotes the request line (in the status line, since
+        # 3.13.15 and 3.14.7): the status's own phrase and text instead
+        super().send_error(code)
+
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
     """wsgiref's server: a thread per connection, a backlog for bursts, a clean stop."""
@@ -2223,12 +2044,12 @@ def make_app(
         [cors_origins] if isinstance(cors_origins, str) else list(cors_origins)
     )
     cors_origins = {browser_origin(origin) for origin in cors_origins}
-    if webhook_urls:
+    if webhook_urls:  # it starts sending now (see "Background work")
         sender = WebhookSender(webhook_urls, webhook_secret, application.store)
-        served = with_webhooks(application, sender)
+        application.on_create = sender.notify
     if cors_origins:
         served = with_cors(served, cors_origins)
-    served.webhook_sender = sender
+    served.webhook_sender, served.store = sender, application.store
     return served
 
 
@@ -2276,6 +2097,13 @@ def store_from_environ(environ=os.environ):
     if problem:
         raise ValueError(f"{DB_VARIABLE} {problem}; it takes {DB_FORMS}")
     if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
+        try:  # the module beside this file, with psycopg: plantstore[postgres]
+            from plantstore_postgres import PostgresStore
+        except ImportError as error:  # one of the two is missing, or psycopg's libpq
+            raise ValueError(
+                f"{DB_VARIABLE} names a PostgreSQL database, which needs "
+                f"{error.name or 'psycopg'}: pip install 'plantstore[postgres]'"
+            ) from None
         return PostgresStore(value)
     if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
         # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
@@ -2367,9 +2195,6 @@ def __getattr__(name):
                 "accept, comma-separated; plantstore never runs without them"
             )
         app = app_from_environ()
-        # events from before the start go now
-        if app.webhook_sender and built_in_a_worker():
-            app.webhook_sender.start_here()
     # gunicorn prints its AppImportError in one line, and stops
     except ValueError as problem:
         error = getattr(
@@ -2418,11 +2243,11 @@ def main(argv=None):
         try:
             host, port = server.server_address[:2]
             _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-            if application.webhook_sender:  # this process serves: old events go now
-                application.webhook_sender.start_here()
             server.serve_forever()
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
             server.finish(server.client_timeout)
+    for part in application.webhook_sender, application.store:
+        getattr(part, "close", lambda: None)()  # nothing left open at a clean stop
     return 0
 
 
@@ -2451,4 +2276,7 @@ def _interrupt(_signum, _frame):
 
 
 if __name__ == "__main__":
+    # one copy of this module: plantstore_postgres's `import plantstore` finds this one,
+    # so its errors are this module's HTTPError, and its store this module's SQLStore
+    sys.modules.setdefault("plantstore", sys.modules[__name__])
     sys.exit(main())

@@ -48,12 +48,13 @@ import webtest
 from psycopg import sql
 
 import plantstore
+import plantstore_postgres
+from plantstore_postgres import PostgresStore
 from plantstore import (
     INT64_MAX,
     INT64_MIN,
     MAX_BODY_BYTES,
     PlantStore,
-    PostgresStore,
     SQLiteStore,
     make_app,
     make_server,
@@ -2255,9 +2256,12 @@ def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, 
     post(app, {"id": 1, "name": "Fern"}, 200)
 
 
-def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(spawn):
+@pytest.mark.parametrize("missing", ["psycopg", "plantstore_postgres"])
+def test_python_plantstore_py_names_what_postgres_needs_when_it_is_missing(
+    spawn, missing
+):
     code = (
-        "import runpy, sys; sys.modules['psycopg'] = None;"
+        f"import runpy, sys; sys.modules[{missing!r}] = None;"
         " sys.argv[1:] = ['--port', '0'];"
         "runpy.run_path('plantstore.py', run_name='__main__')"
     )
@@ -2270,11 +2274,93 @@ def test_python_plantstore_py_names_the_postgres_extra_when_psycopg_is_missing(s
     )
     assert process.wait(WAIT) == 2
     err = process.stderr.read()
-    assert (
-        "pip install 'plantstore[postgres]'" in err
-        and len(err.strip().splitlines()) == 1
+    assert err == (
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
+        f"{missing}: pip install 'plantstore[postgres]'\n"
     )
-    assert "Traceback" not in err and "hunter2-secret" not in err
+
+
+def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, receiver):
+    """The file copied alone, run with no site-packages (python -S): SQLite, webhooks,
+    CORS and the document are served; PostgreSQL names the module it needs."""
+    shutil.copy(HERE / "plantstore.py", tmp_path)
+    hook = receiver()
+    settings = {
+        "PLANTSTORE_TOKENS": TOKEN,
+        "PLANTSTORE_WEBHOOK_URL": hook.url,
+        "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+        "PLANTSTORE_CORS_ORIGINS": "https://example.org",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-S", "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_DB": "p.db", **settings},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        host, port = (
+            Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+        )
+        origin = {"Origin": "https://example.org"}
+        status, headers, body = exchange(
+            host, port, "POST", "/plants", {"id": 1, "name": "Fern"}, headers=origin
+        )
+        assert (status, body) == (200, {"name": "Fern"})
+        assert headers["Access-Control-Allow-Origin"] == "https://example.org"
+        assert exchange(host, port, "GET", "/openapi.json")[0] == 200
+        assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    finally:
+        process.kill()
+        process.wait(WAIT)
+        process.stderr.close()
+    process = subprocess.run(
+        [sys.executable, "-S", "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PLANTSTORE_DB": "postgresql://u:hunter2@127.0.0.1/d", **settings},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert (process.returncode, process.stderr) == (
+        2,
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
+        "plantstore_postgres: pip install 'plantstore[postgres]'\n",
+    )
+
+
+def test_python_plantstore_py_on_postgres_is_one_module_not_two(
+    spawn, postgres, pg_url, receiver
+):
+    """python plantstore.py runs the file as __main__; plantstore_postgres imports
+    plantstore: one module, or its store is no SQLStore here (webhooks would wait in
+    memory) and its 503 no HTTPError here (a 500)."""
+    hook = receiver()
+    hook.stop()  # the event waits in the outbox, where the test reads it
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=pg_url,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        ),
+    )
+    host, port = (
+        Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    )
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    with postgres.local() as db:
+        assert db.execute("SELECT count(*) FROM plant_events").fetchone()[0] == 1
+    postgres.stop()
+    try:
+        status, body = post_over_http(host, port, TOKEN, {"id": 2, "name": "Ivy"})
+    finally:
+        postgres.start()
+    assert (status, body["error"]) == (503, 503)
 
 
 def make_read_only(path, read_only):
@@ -2446,7 +2532,7 @@ def queued_behind_a_held_batch(store, application, bodies):
         deadline = time.monotonic() + WAIT
         for k, body in enumerate([*bodies, None]):
             # the one before is queued
-            while not (batches if k == 0 else len(store._queue) == k):
+            while not (batches if k == 0 else len(store._here().queue) == k):
                 assert time.monotonic() < deadline, "the creates did not queue"
                 time.sleep(0.005)
             if body is not None:
@@ -3285,6 +3371,8 @@ def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(
     store, webhook_app, receiver, monkeypatch, capsys
 ):
     monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING_BYTES", 2**20)
+    # none is given up while the receiver is down: a slow machine takes seconds here
+    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2,) * 100)
     hook = receiver()
     port = hook.server.server_address[1]
     hook.stop()
@@ -3575,7 +3663,7 @@ def awkward_role(limited_role, postgres):
                 sql.Identifier(limited_role["role"]), sql.Literal(AWKWARD_PASSWORD)
             )
         )
-    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
     grant_the_tables(limited_role)
     role = limited_role["role"]
     encoded = (
@@ -4161,28 +4249,36 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
 
 
-def test_edges_importing_plantstore_and_making_apps_start_no_thread(tmp_path, pg_url):
+def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(tmp_path, pg_url):
+    def started():
+        return sorted(
+            thread.name for thread in threading.enumerate() if thread not in before
+        )
+
     before = set(threading.enumerate())
     spec = importlib.util.spec_from_file_location(
         "plantstore_imported_again", HERE / "plantstore.py"
     )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for store in (
-        None,
-        module.SQLiteStore(tmp_path / "plants.sqlite3"),
-        module.PostgresStore(pg_url),
-    ):
-        module.make_app(
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert started() == []  # importing starts nothing
+    stores = [None, SQLiteStore(tmp_path / "plants.sqlite3"), PostgresStore(pg_url)]
+    for store in stores:
+        make_app([TOKEN], store=store, cors_origins=["https://example.org"])
+    assert started() == []  # no webhooks, no thread
+    apps = [
+        make_app(
             [TOKEN],
             store=store,
             webhook_urls=["http://127.0.0.1:9/hook"],
             webhook_secret=SECRET,
-            cors_origins=["https://example.org"],
         )
-    assert [
-        thread.name for thread in threading.enumerate() if thread not in before
-    ] == []
+        for store in stores
+    ]
+    assert started() == ["plantstore-webhooks"] * 3  # one sender each, from its build
+    for application in apps:
+        application.webhook_sender.close()
+        getattr(application.store, "close", lambda: None)()
+    assert started() == []  # and PostgreSQL's watchdog ended with its store
 
 
 # ---- The OpenAPI document, and schemathesis against it ----
@@ -5190,8 +5286,10 @@ def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting
     plants, store = hard_plants(rng, 2000), SQLiteStore(path)
     for plant_id, name, tag in plants[:1700]:
         assert store.add(plant_id, name, tag)
-    # from here, events wait
-    make_app([TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET)
+    # from here, events wait; no sender of this process sends them
+    make_app(
+        [TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET
+    ).webhook_sender.close()
     for plant_id, name, tag in plants[1700:]:
         assert store.add(plant_id, name, tag)
     again = []  # deleted, then made again: listed last
@@ -5347,13 +5445,12 @@ def test_operations_events_repointed_in_sqlite_go_to_the_new_url(
         store=(store := SQLiteStore(path)),
         webhook_urls=[old_hook.url],
         webhook_secret=SECRET,
-    )
+    ).webhook_sender.close()  # the events wait; none is sent from here
     for plant_id in range(5):
         assert store.add(plant_id, f"p{plant_id}", None)
     said = runbook.run("repoint-sqlite", OLD_URL=old_hook.url, NEW_URL=new_hook.url)
     assert said == "5 events re-pointed\n"
-    after = webhook_app(SQLiteStore(path), new_hook.url)  # the restart with the new URL
-    after.get("/health", status=200)  # the first request starts the sender
+    webhook_app(SQLiteStore(path), new_hook.url)  # the restart, with the new URL
     assert sorted(plant["id"] for plant in new_hook.wait_for(5)) == list(range(5))
     assert "dropped" not in capsys.readouterr().err
 
@@ -5825,7 +5922,7 @@ def assert_secret_kept(text):
 @pytest.mark.parametrize("value", SECRET_SPELLINGS.values(), ids=SECRET_SPELLINGS)
 def test_settings_a_database_password_is_never_shown_however_it_is_spelt(value):
     try:
-        parameters, shown = plantstore.postgres_settings(value)
+        parameters, shown = plantstore_postgres.postgres_settings(value)
     except ValueError as refusal:
         shown = str(refusal)
         assert shown.startswith("PLANTSTORE_DB ") and "%-escape" in shown
@@ -5882,7 +5979,7 @@ POSTGRES_FORMS = [  # PLANTSTORE_DB, some of libpq's parameters, shown
 def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(
     value, parameters, shown
 ):
-    read, said = plantstore.postgres_settings(value)
+    read, said = plantstore_postgres.postgres_settings(value)
     assert parameters.items() <= read.items()
     # a URL libpq reads back: brackets, %2F for a socket
     assert said == f"PostgreSQL {shown}"
@@ -6215,9 +6312,9 @@ def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
     limited_role,
 ):
     # the owner makes the tables, grants nothing
-    plantstore.PostgresStore(limited_role["owner"])
+    PostgresStore(limited_role["owner"])
     with pytest.raises(ValueError) as refusal:
-        plantstore.PostgresStore(limited_role["url"])
+        PostgresStore(limited_role["url"])
     assert "SELECT, INSERT, UPDATE and DELETE" in str(refusal.value)
     assert limited_role["password"] not in str(refusal.value)
 
@@ -6225,9 +6322,9 @@ def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
 def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
     limited_role,
 ):
-    plantstore.PostgresStore(limited_role["owner"])  # the owner makes the tables
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
     grant_the_tables(limited_role)
-    store = plantstore.PostgresStore(limited_role["url"])
+    store = PostgresStore(limited_role["url"])
     assert store.add(7, "Fern", None) is True and store.add(7, "Fern", None) is False
     assert [(name, tag) for _, name, tag in store.page(None, 10)] == [("Fern", None)]
     assert store.delete(7) is True
@@ -6236,16 +6333,16 @@ def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
 def test_settings_a_libpq_string_reaches_the_database_the_url_does(
     limited_role, postgres
 ):
-    plantstore.PostgresStore(limited_role["owner"])
+    PostgresStore(limited_role["owner"])
     grant_the_tables(limited_role)
     role, password = limited_role["role"], limited_role["password"]
     keywords = (
         f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
         f"dbname={role}"
     )
-    assert plantstore.PostgresStore(keywords).add(1, "Fern", "indoor") is True
+    assert PostgresStore(keywords).add(1, "Fern", "indoor") is True
     upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
-    plants = plantstore.PostgresStore(upper).page(None, 10)
+    plants = PostgresStore(upper).page(None, 10)
     assert [(name, tag) for _, name, tag in plants] == [("Fern", "indoor")]
 
 

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 
 import plantstore
+import plantstore_postgres
 
 DUMP_SECONDS = 0.5
 sizes, lock = Counter(), threading.Lock()
@@ -57,7 +58,7 @@ def counting(write_batch):
     return _write_batch
 
 
-for store in plantstore.SQLiteStore, plantstore.PostgresStore:
+for store in plantstore.SQLiteStore, plantstore_postgres.PostgresStore:
     # on each class: a call of super()'s is not counted twice
     if hasattr(store, "_write_batch"):
         store._write_batch = counting(store._write_batch)

@@ -67,6 +67,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import plantstore  # noqa: E402 (after sys.path, so that it is this repository's)
+import plantstore_postgres  # noqa: E402 (as plantstore)
 
 # made up per run; reaches servers through the environment only
 TOKEN = secrets.token_urlsafe(32)
@@ -851,7 +852,7 @@ def bench_durable(
                 start((*row, "baseline"), folder=old)
         # pgbench's table
         with psycopg.connect(postgres.url, autocommit=True) as connection:
-            for statement in plantstore.PostgresStore.schema:
+            for statement in plantstore_postgres.PostgresStore.schema:
                 connection.execute(statement)
 
         rows = [*LOADED, PGBENCH]
@@ -885,7 +886,7 @@ def bench_durable(
         for row, folder in counters.items():
             store_class = {
                 "sqlite": plantstore.SQLiteStore,
-                "postgres": plantstore.PostgresStore,
+                "postgres": plantstore_postgres.PostgresStore,
             }[row[0]]
             batches[row] = {
                 "counted": counted_batches(folder, store_class),

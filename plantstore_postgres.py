@@ -1,0 +1,254 @@
+"""PostgreSQL for plantstore: the SQL store's overrides for psycopg 3.
+
+plantstore.py runs on the standard library alone; this module, beside it, holds what
+needs psycopg, and plantstore imports it only when PLANTSTORE_DB names PostgreSQL.
+`pip install 'plantstore[postgres]'` installs both. The SQL itself is SQLStore's,
+written once in plantstore.py; here are PostgreSQL's differences: connecting through
+libpq with bounds on every wait, its DDL, a batch in one statement, and a watchdog
+that cuts a statement at its request's deadline.
+"""
+
+import collections
+import contextlib
+import functools
+import os
+import re
+import select
+import socket
+import time
+from urllib.parse import quote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from plantstore import (
+    CONNECT_SECONDS,
+    DB_FORMS,
+    DB_VARIABLE,
+    DB_WAIT_SECONDS,
+    Background,
+    SQLStore,
+    _log,
+)
+
+__all__ = ["PostgresStore", "postgres_settings"]
+
+
+class PostgresStore(SQLStore):
+    """Plants in PostgreSQL, through psycopg 3: every instance on every machine shares
+    them.
+
+    No request waits on the database past DB_WAIT_SECONDS: libpq's TCP user timeout and
+    keepalives notice a silent host, and a watchdog shuts the connection of a statement
+    still running at its request's deadline (a commit held by a synchronous standby that
+    is gone, say). That request answers 503, even if PostgreSQL went on to commit it:
+    retried, the create answers 200 or 409.
+    """
+
+    EVENTS = (
+        "CREATE TABLE IF NOT EXISTS plant_events"
+        " (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
+        " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
+        " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
+    )
+    # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
+    # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
+    # for CREATE on the schema even when the table exists: a role given the tables must
+    # not try to make them.
+    schema = (
+        "BEGIN",
+        "SELECT pg_advisory_xact_lock(7274)",
+        "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
+        " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
+        " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
+        f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
+        " END IF; END $$",
+        "COMMIT",
+    )
+    # libpq's settings unless the URL gives its own: a host that goes silent fails in
+    # seconds.
+    BOUNDS = {
+        "connect_timeout": CONNECT_SECONDS,
+        "keepalives": 1,
+        "keepalives_idle": 2,
+        "keepalives_interval": 1,
+        "keepalives_count": 2,
+        "tcp_user_timeout": DB_WAIT_SECONDS * 1000,
+    }
+
+    def __init__(self, conninfo):
+        self.parameters, shown = postgres_settings(conninfo)
+        self._watchdog = Background("plantstore-watchdog", self._watch)
+        super().__init__(shown)
+        self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
+        try:
+            self.open_at_start()
+        except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
+            raise ValueError(
+                f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
+                "role needs CREATE on the schema to make plantstore's tables or, "
+                "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
+                "them"
+            ) from None
+        # libpq checks its options' values before it connects
+        except psycopg.Error as error:
+            option = (
+                re.search(r'option "(\w+)"', str(error))  # libpq's for a number
+                or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error))
+            )
+            if option:  # named, never quoted: the value may be a password's neighbour
+                raise ValueError(
+                    f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
+                    f"option {next(filter(None, option.groups()))}"
+                ) from None
+            if not isinstance(error, self.unavailable):
+                raise
+            # The database is away at start: waited for, as any outage is.
+
+    # What plantstore's own tables hold (pgloader or psql may make others): seq and id
+    # are unique and never NULL, and so a name is never NULL.
+    COLUMNS = (
+        "SELECT attname, attnotnull, EXISTS (SELECT FROM pg_index WHERE indisunique AND"
+        " indrelid = attrelid AND indnkeyatts = 1 AND indkey[0] = attnum)"
+        " FROM pg_attribute"
+        " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')"
+    )
+    # A table filled with its seq values (a move with pgloader, a restore by hand)
+    # leaves its
+    # identity behind them, and each create would collide: moved past them, never back.
+    MOVE = (
+        "SELECT setval(q.name, greatest(max, last_value)), max"
+        " FROM (SELECT max(seq) FROM {0})"
+        " t, (SELECT pg_get_serial_sequence('{0}', 'seq') AS name) q, pg_sequences"
+        " WHERE format('%I.%I', schemaname, sequencename) = q.name"
+        " AND max > coalesce(last_value, 0)"
+    )
+
+    ONE_STATEMENT = True
+    # A batch in one statement, one round trip: rows take their seq in the order they
+    # came.
+    INSERT_MANY = (
+        "INSERT INTO plants (id, name, tag) SELECT id, name, tag FROM unnest("
+        "CAST(:ids AS BIGINT[]), CAST(:names AS BYTEA[]), CAST(:tags AS BYTEA[]))"
+        " WITH ORDINALITY AS batch (id, name, tag, n) ORDER BY n"
+        " ON CONFLICT (id) DO NOTHING RETURNING id"
+    )
+
+    def insert(self, run, plants):
+        if len(plants) == 1:
+            return super().insert(run, plants)
+        ids, names, tags = map(list, zip(*plants, strict=True))
+        created = collections.Counter(
+            row[0] for row in run(self.INSERT_MANY, ids=ids, names=names, tags=tags)
+        )
+        # an id once, to the first
+        return [created.pop(plant_id, 0) > 0 for plant_id in ids]
+
+    def setup(self, execute):
+        super().setup(execute)
+        for name, not_null, unique in execute(self.COLUMNS).fetchall():
+            if not not_null or name != "name" and not unique:
+                raise ValueError(
+                    f"the {self.shown} has a 'plants' table that plantstore did not "
+                    f"make: its {name} column may hold "
+                    + ("NULL" if not not_null else "duplicates")
+                )
+        for table in "plants", "plant_events":
+            # the owner's
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                for _, largest in execute(self.MOVE.format(table)).fetchall():
+                    _log(
+                        f"the identity of {table} was behind its largest seq, "
+                        f"{largest}: "
+                        "moved past it"
+                    )
+
+    def connect(self, deadline):
+        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's
+        # bound.
+        seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
+        return psycopg.connect(
+            **{**self.BOUNDS, "connect_timeout": seconds, **self.parameters},
+            autocommit=True,
+        )
+
+    def execute(self, db, sql, parameters, deadline):
+        here = self._here()
+        with here.lock:  # the watchdog sees each statement, with its deadline
+            here.busy[db] = deadline
+            self._watchdog.start()
+        try:
+            # psycopg reads no placeholder then: '::' and '%' stay as they are
+            if not parameters:
+                return db.execute(sql)
+            return db.execute(_pyformat(sql), parameters)
+        finally:
+            with here.lock:
+                del here.busy[db]
+
+    def _watch(self):
+        """Shut the connection of each statement past its deadline: a 503 answers."""
+        while self._watchdog.going(0.25):
+            here = self._here()
+            # held, so that no statement ends, and its socket closes, meanwhile
+            with here.lock:
+                for db, deadline in here.busy.items():
+                    if deadline < time.monotonic():
+                        with (
+                            contextlib.suppress(OSError),
+                            socket.socket(fileno=os.dup(db.fileno())) as connection,
+                        ):
+                            connection.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        super().close()
+        self._watchdog.stop()
+
+    def usable(self, db):
+        # An idle connection has nothing to read: if it has, the server said goodbye (a
+        # restart).
+        return not select.select([db.fileno()], [], [], 0)[0]
+
+
+def postgres_settings(conninfo):
+    """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
+    messages name it: a URL made anew from those parameters, without the password."""
+    try:  # libpq reads the scheme in lower case only
+        parameters = conninfo_to_dict(
+            re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)
+        )
+    # libpq's message quotes the setting, password and all: never shown
+    except Exception:
+        raise ValueError(
+            f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
+            "digits, an option libpq does not know, or a word without =value; it "
+            f"takes {DB_FORMS}"
+        ) from None
+    hosts = parameters.get("host", parameters.get("hostaddr", "")).split(",")
+    ports = parameters.get("port", "").split(",")
+    if len(ports) not in (1, len(hosts)) or not all(
+        re.fullmatch("[0-9]{1,5}", port) and 0 < int(port) < 65536
+        for port in ports
+        if port
+    ):
+        raise ValueError(
+            f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
+            "one for every host or one for all"
+        )
+    ports = ports * len(hosts) if len(ports) == 1 else ports
+    where = ",".join(
+        (f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
+        for host, port in zip(hosts, ports, strict=True)
+    )
+    user = parameters.get("user", "") and f"{parameters['user']}@"
+    return (
+        parameters,
+        f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}",
+    )
+
+
+@functools.cache
+def _pyformat(sql):
+    """The SQL in psycopg's placeholders: :name becomes %(name)s."""
+    return re.sub(r":(\w+)", r"%(\1)s", sql)
