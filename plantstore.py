@@ -80,8 +80,9 @@ CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
-# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s. Classes: RFC 9110
+# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s
 _STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
+# the phrase of a status HTTPStatus lacks: its class's, as RFC 9110 (15) names them
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
@@ -157,6 +158,18 @@ def read_body(environ, limit):
     return body
 
 
+# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
+# with or without spaces, with no escape and an id of 18 digits at most, has one
+# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
+_USUAL_NEWPLANT = re.compile(
+    r"""\{"id":\ ?+(-?+(?:0|[1-9][0-9]{0,17}+)),\ ?+  # id: an int64
+    "name":\ ?+"([^"\\\x00-\x1f]*+)"  # name: no escapes
+    (?:\}|,\ ?+"tag":\ ?+"([^"\\\x00-\x1f]*+)"\})  # the end, or tag
+    """,
+    re.VERBOSE,
+)
+
+
 def read_new_plant(body):
     """Return (id, name, tag) from the body: UTF-8, then strict JSON, then NewPlant."""
     try:
@@ -168,16 +181,6 @@ def read_new_plant(body):
         plant_id, name, tag = usual.groups()
         return int(plant_id), name, tag  # 18 digits at most: always an int64
     return parse_new_plant(decode_json(text))
-
-
-# The usual body as JSON libraries write it, {"id": 7, "name": "Fern", "tag": "indoor"}
-# with or without spaces, with no escape and an id of 18 digits at most, has one
-# meaning: a regular expression reads it, never backtracking (possessive ?+ *+, 3.11).
-_USUAL_NEWPLANT = re.compile(
-    r'\{"id": ?+(-?+(?:0|[1-9][0-9]{0,17}+)), ?+'  # id: an int64
-    r'"name": ?+"([^"\\\x00-\x1f]*+)"'  # name: no escapes
-    r'(?:\}|, ?+"tag": ?+"([^"\\\x00-\x1f]*+)"\})'  # the end, or tag
-)
 
 
 def decode_json(text):
@@ -265,7 +268,7 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 
 
 def query_page(environ):
-    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's key)."""
+    """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's seq)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
     limit, after = query.get("limit"), query.get("after")
     for name, values in ("limit", limit), ("after", after):
@@ -282,10 +285,10 @@ def query_page(environ):
     return limit, after
 
 
-def cursor(key):
-    """The opaque `after` of a next link: the last plant's key, 8 bytes as base64url."""
+def cursor(seq):
+    """The opaque `after` of a next link: the last plant's seq, 8 bytes as base64url."""
     return (
-        base64.urlsafe_b64encode(key.to_bytes(8, "big", signed=True))
+        base64.urlsafe_b64encode(seq.to_bytes(8, "big", signed=True))
         .rstrip(b"=")
         .decode()
     )
@@ -306,8 +309,8 @@ class Store:
         raise NotImplementedError
 
     def page(self, after, limit):
-        """Up to `limit` (key, name, tag), oldest first, of the plants created after key
-        `after` (None: from the oldest); a key is an int64, larger for newer plants."""
+        """Up to `limit` (seq, name, tag), oldest first, of the plants created after seq
+        `after` (None: from the oldest); a seq is an int64, larger for newer plants."""
         raise NotImplementedError
 
     def delete(self, plant_id):
@@ -326,7 +329,7 @@ class Store:
 
 class PagesFromList(Store):
     """A store with list(limit) instead of page(): each page reads the whole list, and
-    its keys are positions, so a plant deleted between two pages shifts the next."""
+    its seqs are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
         self.store = store
@@ -336,7 +339,7 @@ class PagesFromList(Store):
         )
 
     def page(self, after, limit):
-        start = max(after or 0, 0)  # keys are list positions; any cursor may come
+        start = max(after or 0, 0)  # seqs are list positions; any cursor may come
         plants = self.store.list(None)[start : start + limit]
         return [(start + n, name, tag) for n, (name, tag) in enumerate(plants, 1)]
 
@@ -344,10 +347,11 @@ class PagesFromList(Store):
 class PlantStore(Store):
     """The default store: plants in memory, in creation order, guarded by a lock.
 
-    Each plant gets a seq, its slot in creation order and the key of its page. Names and
-    tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts at
-    its seq's chunk and slot: it costs what it holds, however large the store. An empty
-    chunk is dropped; a full one becomes a tuple, which the garbage collector ignores.
+    Each plant gets a seq, its slot in creation order and the cursor of its page. Names
+    and tags sit in chunks of CHUNK slots; a dict maps each id to its seq. A page starts
+    at its seq's chunk and slot: it costs what it holds, however large the store. An
+    empty chunk is dropped; a full one becomes a tuple, which the garbage collector
+    ignores.
     """
 
     def __init__(self):
@@ -497,16 +501,9 @@ class Application:
     def __call__(self, environ, start_response):
         """Answer a request; only a stream's exception escapes, once its 200 is sent."""
         try:
-            try:
-                status, body, headers = self.respond(environ)
-            except HTTPError as error:
-                if type(error.status) is not int or not 200 <= error.status <= 599:
-                    raise  # 1xx is no final answer, 600 no status at all: a 500, logged
-                status, headers = error.status, error.headers
-                body = error_json(status, error.message)
-        except Exception:
-            traceback.print_exc(file=environ["wsgi.errors"])
-            status, body, headers = 500, error_json(500, "internal server error"), []
+            status, body, headers = self.respond(environ)
+        except Exception as error:
+            status, body, headers = self.error_answer(environ, error)
         if status in (204, 304):  # answers that never have a body
             headers, body = list(headers), []
         elif type(body) is bytes:
@@ -526,13 +523,23 @@ class Application:
             return []
         return body
 
+    def error_answer(self, environ, error):
+        """An HTTPError's answer; any other error, or a status that is no final answer
+        (1xx, 600), is a 500, its traceback logged to wsgi.errors."""
+        status = getattr(error, "status", None)
+        if isinstance(error, HTTPError) and type(status) is int and 200 <= status < 600:
+            return status, error_json(status, error.message), error.headers
+        traceback.print_exception(error, file=environ["wsgi.errors"])
+        return 500, error_json(500, "internal server error"), []
+
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
         path, plant_id = environ.get("PATH_INFO", ""), None
-        if path.startswith("/plants/"):
-            path, plant_id = "/plants/{id}", path[8:]
+        parent, _, last = path.rpartition("/")
+        if last and f"{parent}/{{id}}" in self.routes:  # /plants/7: /plants/{id}
+            path, plant_id = f"{parent}/{{id}}", last
         methods = self.routes.get(path)
-        if methods is None or plant_id == "" or "/" in (plant_id or ""):
+        if methods is None:
             raise HTTPError(404, f"not found: the routes are {', '.join(self.routes)}")
         method = environ["REQUEST_METHOD"]
         operation = methods.get("GET" if method == "HEAD" else method)
@@ -625,7 +632,7 @@ def _log(message):
 class SQLStore(Store):
     """Plants in a SQL database that every worker shares: a 200 means committed.
 
-    One class over two DB-API drivers, as peewee does it: the SQL is written once, with
+    One class over two DB-API drivers (peewee's way): the SQL is written once, with
     named parameters, and each engine's differences (connecting, its DDL, its
     placeholders, the errors that mean "the database is away") are the few lines of its
     subclass. Each process holds at most POOL_SIZE connections, whatever the number of
@@ -655,12 +662,12 @@ class SQLStore(Store):
     BATCH, BATCH_BYTES = 64, 2**20
     ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
-    unavailable = ()  # the driver's exceptions that mean "the database is away"
+    outages = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
         self.shown = shown  # how messages name the database: never with a password
-        # on_create(run, plant_id, name, tag): in the plant's transaction
-        self.on_create = None
+        # write_event(run, plant_id, name, tag), if set: in the plant's transaction
+        self.write_event = None
         # when the last health answer came, and whether it was yes
         self._answer = 0.0, True
         self._ready, self._outage_said = False, False
@@ -677,8 +684,7 @@ class SQLStore(Store):
         connection is kept: a server may fork next, and a fork must not carry one."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            # no watchdog here: it would be a thread in a server's master
-            self.setup(db.execute)
+            self.setup(db.execute)  # not self.execute: no watchdog in a server's master
             self._ready = True
         finally:
             self._close(db)
@@ -691,19 +697,14 @@ class SQLStore(Store):
         others wait for its answer, or for their turn. A 200 means committed, within
         DB_WAIT_SECONDS.
         """
-        here = self._here()
-        # its result: whether the plant was created
-        create = concurrent.futures.Future()
-        create.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
-        create.size = len(create.plant[1]) + len(create.plant[2] or b"")
-        create.deadline = time.monotonic() + DB_WAIT_SECONDS
-        with here.queued:
+        here, create = self._here(), _Create(plant_id, name, tag)
+        with here.turn:
             here.queue.append(create)
         while not create.done():
-            with here.queued:
+            with here.turn:
                 # another thread writes a batch
                 while here.writing and not create.done():
-                    if not here.queued.wait(create.deadline - time.monotonic()):
+                    if not here.turn.wait(create.deadline - time.monotonic()):
                         # left out of the next batch, unless one holds it
                         create.cancel()
                         raise unavailable("the database")
@@ -713,10 +714,10 @@ class SQLStore(Store):
             try:
                 self._write_batch(batch)
             finally:
-                with here.queued:
+                with here.turn:
                     here.writing = False
                     # its creates are answered; another may write
-                    here.queued.notify_all()
+                    here.turn.notify_all()
         return create.result()  # a failed batch raises its 503 here
 
     def _next_batch(self, queue):
@@ -739,22 +740,21 @@ class SQLStore(Store):
         def insert(run):
             created = self.insert(run, [create.plant for create in batch])
             for create, new in zip(batch, created, strict=True):
-                if new and self.on_create:
+                if new and self.write_event:
                     plant_id, name, tag = create.plant
-                    self.on_create(
+                    self.write_event(
                         run, plant_id, _text(name), None if tag is None else _text(tag)
                     )
             return created
 
-        # else one statement, atomic itself
-        several = len(batch) > 1 and not self.ONE_STATEMENT
+        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement,
         wait = min(create.deadline for create in batch) - time.monotonic()
         try:
             created = self.session(
                 insert,
                 write=True,
                 wait=wait,
-                transaction=bool(self.on_create) or several,
+                transaction=bool(self.write_event) or several,  # atomic itself
             )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
@@ -813,30 +813,44 @@ class SQLStore(Store):
     def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
         """Return work(run) on a connection of this process, in one transaction if
         asked, where run(sql, **parameters) runs one statement and returns its rows.
-        All of it, connecting included, ends within `wait` seconds, or answers 503."""
+        All of it, connecting included, ends within `wait` seconds, or answers 503.
+
+        Once a wait found the database away, the others do not wait for it too: one
+        request at a time tries it, and the others answer 503 at once, until one finds
+        it back. Reads and writes apart: a table locked elsewhere stops only writes.
+        """
+        here = self._here()
+        trying = here.away[write] and here.trying[write]
+        if trying and not trying.acquire(blocking=False):
+            raise unavailable("the database")  # known away; another request tries it
+        try:
+            result = self._session(work, write, transaction, wait)
+        except HTTPError:
+            here.away[write] = True
+            raise
+        finally:
+            if trying:
+                trying.release()
+        here.away[write] = False
+        if self._outage_said:
+            self._outage_said = False
+            _log(f"the {self.shown} is reachable again")
+        return result
+
+    def _session(self, work, write, transaction, wait):
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
                 with self._here().writers if write else contextlib.nullcontext():
                     with self._connection(started + wait) as (db, reused):
-                        result = self._work(db, work, transaction, started + wait)
-                break
-            except self.unavailable as error:
+                        return self._work(db, work, transaction, started + wait)
+            except self.outages as error:
                 self._outage(error)
                 # A read that failed at once on a connection made before an outage is
-                # tried
-                # again on a new one; a write never is, since it may have been done.
-                if (
-                    write
-                    or not reused
-                    or attempt == 2
-                    or time.monotonic() - started > 1
-                ):
+                # tried again on a new one; a write never is: it may have been done.
+                stale = reused and time.monotonic() - started < 1
+                if write or not stale or attempt == 2:
                     raise unavailable("the database") from None
-        if self._outage_said:
-            self._outage_said = False
-            _log(f"the {self.shown} is reachable again")
-        return result
 
     @contextlib.contextmanager
     def _connection(self, deadline):
@@ -845,25 +859,26 @@ class SQLStore(Store):
         here = self._here()
         if not here.slots.acquire(timeout=max(0, deadline - time.monotonic())):
             raise unavailable("the database")  # every connection busy past the deadline
-        db = None
         try:
             with here.lock:
                 db = here.idle.pop() if here.idle else None
-            if db is not None and not self.usable(db):
-                self._close(db)
-                db = None
-            reused, db = db is not None, db or self.connect(deadline)
-            # the database was away at start: its tables may not exist
-            if not self._ready:
-                self.setup(lambda sql: self.execute(db, sql, {}, deadline))
-                self._ready = True
-            yield db, reused
-            with here.lock:
-                here.idle.append(db)
-            db = None
+            reused = db is not None and self.usable(db)
+            if not reused:
+                if db is not None:
+                    self._close(db)
+                db = self.connect(deadline)
+            try:
+                if not self._ready:  # the database was away at start: make the tables
+                    self.setup(lambda sql: self.execute(db, sql, {}, deadline))
+                    self._ready = True
+                yield db, reused
+            except BaseException:
+                self._close(db)  # a connection is dropped on its first error
+                raise
+            else:
+                with here.lock:
+                    here.idle.append(db)
         finally:
-            if db is not None:
-                self._close(db)
             here.slots.release()
 
     def _work(self, db, work, transaction, deadline):
@@ -890,12 +905,12 @@ class SQLStore(Store):
         """Run one statement; PostgresStore's watchdog cuts it at the deadline."""
         return db.execute(sql, parameters)
 
-    def setup(self, execute):
+    def setup(self, run_sql):
         """Make the tables unless they exist; refuse a 'plants' table plantstore did not
-        make. execute(sql) runs one statement and returns its cursor."""
+        make. run_sql(sql) runs one statement and returns its cursor."""
         for statement in self.schema:
-            execute(statement)
-        rows = execute("SELECT * FROM plants LIMIT 0")
+            run_sql(statement)
+        rows = run_sql("SELECT * FROM plants LIMIT 0")
         if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
             raise ValueError(
                 f"the {self.shown} has a 'plants' table that plantstore did not make"
@@ -906,7 +921,7 @@ class SQLStore(Store):
         return True
 
     def check(self, db):
-        """Raise one of self.unavailable if what was just done cannot be trusted."""
+        """Raise one of self.outages if what was just done cannot be trusted."""
 
     def _close(self, db):
         with contextlib.suppress(Exception):
@@ -930,6 +945,17 @@ class SQLStore(Store):
             self._close(db)
 
 
+class _Create(concurrent.futures.Future):
+    """A create waiting for its batch: the plant as stored, its size in bytes, when its
+    request stops waiting; its result is whether the plant was created."""
+
+    def __init__(self, plant_id, name, tag):
+        super().__init__()
+        self.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        self.size = len(self.plant[1]) + len(self.plant[2] or b"")
+        self.deadline = time.monotonic() + DB_WAIT_SECONDS
+
+
 class _Here:
     """What a SQL store holds in one process: its connections, creates and locks."""
 
@@ -938,9 +964,12 @@ class _Here:
         self.slots = threading.Semaphore(pool_size)  # connections left to make
         self.idle, self.busy = [], {}  # connections: free; running, to their deadline
         self.asking = threading.Lock()  # held by the one health question in flight
-        self.queued = threading.Condition()  # guards queue and writing
+        self.turn = threading.Condition()  # guards queue and writing
         self.queue, self.writing = collections.deque(), False  # creates to write
         self.writers = writers  # the lock a writer holds, shared with other processes
+        # for reads and writes: whether the last wait found the database away, and the
+        # lock of the one request that tries it meanwhile
+        self.away, self.trying = [False, False], [threading.Lock(), threading.Lock()]
 
 
 class SQLiteStore(SQLStore):
@@ -962,7 +991,7 @@ class SQLiteStore(SQLStore):
         "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
     )
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
-    unavailable = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
+    outages = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
 
     def __init__(self, path):
         self.path = os.path.abspath(path)
@@ -989,7 +1018,7 @@ class SQLiteStore(SQLStore):
             ) from None
 
     def _fresh(self):
-        return _Here(self.POOL_SIZE, _WriteQueue(self.path + "-writers"))
+        return _Here(self.POOL_SIZE, _WriterLock(self.path + "-writers"))
 
     def connect(self, deadline):
         """A connection to the file, which must exist: a deleted file is not remade."""
@@ -1014,8 +1043,7 @@ class SQLiteStore(SQLStore):
         return None
 
     def check(self, db):
-        # A file deleted or replaced under a running service: what was written, no one
-        # will read.
+        # a file deleted or replaced while in use: no one will read what is written
         if self._identity() != db.file:
             raise sqlite3.OperationalError(
                 f"{self.path} was deleted or replaced while in use"
@@ -1026,7 +1054,7 @@ class _SQLite(sqlite3.Connection):
     file = None  # the file it opened, as (device, inode): SQLiteStore.check compares it
 
 
-class _WriteQueue:
+class _WriterLock:
     """Writers of every process take turns here, woken as soon as the one before them is
     done.
 
@@ -1073,6 +1101,9 @@ def _text(data):
 # A thread ends when the process's main thread has ended, and frees what it held.
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP}
+
+
 def this_process(owner, make):
     """owner's state in this process: what make() gave here, or, if this process has
     none yet (a fork's child), what it gives now."""
@@ -1104,7 +1135,14 @@ class Background:
             self.prepare()  # before the thread, and before a fork's child serves
             self._stop, self._wake = threading.Event(), threading.Event()
             self._thread = threading.Thread(target=self.loop, name=self.name)
-            self._thread.start()
+            # A stop's signals go to another thread, the main one: a server's handler
+            # that ends the interpreter (uWSGI's) would wait here for this thread.
+            # The thread's own threads take its mask.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                self._thread.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def stop(self):
         if self._thread and self._thread.is_alive():
@@ -1166,8 +1204,7 @@ class WebhookSender:
         " VALUES (:url, :webhook_id, :body, 0)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the URL's due events, or, to probe a receiver that gave no answer, its oldest
-    # (due: any time).
+    # the URL's due events, or its oldest, due or not, to probe a silent receiver.
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
@@ -1194,7 +1231,7 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None
         self.outbox_is_sql = self._store is not None
         if self._store:
-            store.on_create = lambda run, *plant: self._write(run, event_json(*plant))
+            store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
         self._waiting, self._dropping, self._closed = (0, 0), False, False
         self._thread = Background(
             "plantstore-webhooks", self._loop, lambda: this_process(self, self._fresh)
@@ -1267,7 +1304,7 @@ class WebhookSender:
                 here.started_over = here.started_over or self._start_over()
                 while here.done:  # each attempt that ended
                     seq, status = here.done.pop()
-                    self._settle(*here.in_flight.pop(seq), status)
+                    self._settle(here, *here.in_flight.pop(seq), status)
                 self._claim(here)
                 self._cut_late_attempts(here)
                 # what waits, counted again: notify() counts up only
@@ -1389,45 +1426,40 @@ class WebhookSender:
             del here.connections[connection]
             connection.close()
 
-    def _settle(self, event, probe, status):
-        here = this_process(self, self._fresh)
+    def _settle(self, here, event, probe, status):
+        """Act on an attempt's outcome: delivered, gone, refused or no answer."""
         seq, url, webhook_id, _, attempts, due = event
-        now = time.time()
-        # a new list: requests iterate the old one
-        if status == 410 and url in self.urls:
+        now, silent = time.time(), status in (None, 502, 503, 504)  # none from it
+        if status == 410 and url in self.urls:  # gone: this process sends it no more
+            # a new list, not this one changed: a request may be iterating it
             self.urls = [other for other in self.urls if other != url]
             self.outbox(self.FORGET, url=url)
             _log(
                 f"the webhook receiver {_origin(url)} answered 410 Gone: "
                 "it gets no more events"
             )
-        # or its URL went meanwhile
-        elif url not in self.urls or status and 200 <= status < 300:
+            return
+        if url not in self.urls or status and 200 <= status < 300:  # or its URL went
             self.outbox(self.DONE, seq=seq)
-            # through again: the others follow now
-            if here.failing.pop(url, None) is not None:
-                self.outbox(self.DUE_NOW, now=now, url=url)
-        # its schedule stays
-        elif probe and status in (None, 502, 503, 504) and due > now:
-            self.outbox(self.RELEASE, seq=seq)
-        else:
-            # no answer from the receiver itself: probe it
-            if status in (None, 502, 503, 504):
-                here.failing.setdefault(url, now)
-            # an answer, if not a 2xx: the receiver is back, and its events go as usual
-            else:
-                here.failing.pop(url, None)
-            if attempts < len(self.SCHEDULE):
-                delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
-                self.outbox(
-                    self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq
-                )
-            else:
-                self.outbox(self.DONE, seq=seq)
-                _log(
-                    f"webhook {webhook_id} to {_origin(url)} is given up "
-                    f"after {attempts + 1} attempts"
-                )
+            if here.failing.pop(url, None) is not None:  # through again:
+                self.outbox(self.DUE_NOW, now=now, url=url)  # the others follow now
+            return
+        if probe and silent and due > now:  # a probe ahead of its event's schedule:
+            self.outbox(self.RELEASE, seq=seq)  # the schedule stays
+            return
+        if silent:  # the receiver is probed until one gets through
+            here.failing.setdefault(url, now)
+        else:  # an answer, if no 2xx: the receiver is back, its events go as usual
+            here.failing.pop(url, None)
+        if attempts == len(self.SCHEDULE):
+            self.outbox(self.DONE, seq=seq)
+            _log(
+                f"webhook {webhook_id} to {_origin(url)} is given up "
+                f"after {attempts + 1} attempts"
+            )
+            return
+        delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
+        self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
 
 
 def check_webhook_url(url):
@@ -1562,8 +1594,7 @@ def with_cors(application, origins):
 
 # The document as it is served, but for `servers`, which says where the application is
 # mounted. HEAD and OPTIONS are not operations in it, though every route answers them
-# (docs/http.md): a client has nothing to call there. 405 is left out for the same
-# reason.
+# (docs/http.md): a client has nothing to call there; nor, for that reason, is 405.
 OPENAPI = json.loads(
     """{
   "openapi": "3.1.0",
@@ -1907,9 +1938,8 @@ class _ServerHandler(ServerHandler):
 class _RequestHandler(WSGIRequestHandler):
     """wsgiref's request handler, with a socket timeout and a log without secrets."""
 
-    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON; `explain`
-    # is its
-    # fixed text for the status, where `message` would quote the client's request line.
+    # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON: `explain`
+    # is its fixed text for the status (send_error below keeps it so).
     error_content_type = JSON_TYPE
     error_message_format = '{"error": %(code)d, "message": "%(explain)s"}'
 
@@ -1966,7 +1996,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     # at exit, no thread is waited for: finish() has waited for the requests
     daemon_threads = True
-    # listen backlog: 200 simultaneous connects are queued, not refused
+    # listen backlog: a burst of connects waits here, not refused
     request_queue_size = 1024
     linger_seconds = 2
 
@@ -2130,14 +2160,12 @@ def db_mistake(value):
     if re.match("(?i)postgres(ql)?://", value):
         authority, _, path = value.partition("://")[2].partition("/")
         user_info = authority.rpartition("@")[0]
+        database = path.partition("?")[0]
+        # else libpq reads a part of the password as the host, and shows it
         if (
             authority.count("@") > 1
             or re.search("[?#]", user_info)
-            or "@"
-            in path.partition(
-                # else part of a password is shown, or it is cut short
-                "?"
-            )[0]
+            or "@" in database
             or "#" in value
         ):
             return (
@@ -2155,11 +2183,10 @@ def unknown_settings(environ=os.environ):
             TOKENS_VARIABLE,
             DB_VARIABLE,
             WEBHOOK_URL_VARIABLE,
-            # DB, TOKENS...
             WEBHOOK_SECRET_VARIABLE,
             CORS_VARIABLE,
         )
-    }
+    }  # DB, TOKENS, ...: the names without PLANTSTORE_
     return [
         f"{name} is not a plantstore setting, so it is ignored"
         + "".join(

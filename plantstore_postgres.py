@@ -81,7 +81,7 @@ class PostgresStore(SQLStore):
         self.parameters, shown = postgres_settings(conninfo)
         self._watchdog = Background("plantstore-watchdog", self._watch)
         super().__init__(shown)
-        self.unavailable = (psycopg.OperationalError, psycopg.InterfaceError)
+        self.outages = (psycopg.OperationalError, psycopg.InterfaceError)
         try:
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
@@ -102,7 +102,7 @@ class PostgresStore(SQLStore):
                     f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
                     f"option {next(filter(None, option.groups()))}"
                 ) from None
-            if not isinstance(error, self.unavailable):
+            if not isinstance(error, self.outages):
                 raise
             # The database is away at start: waited for, as any outage is.
 
@@ -145,9 +145,9 @@ class PostgresStore(SQLStore):
         # an id once, to the first
         return [created.pop(plant_id, 0) > 0 for plant_id in ids]
 
-    def setup(self, execute):
-        super().setup(execute)
-        for name, not_null, unique in execute(self.COLUMNS).fetchall():
+    def setup(self, run_sql):
+        super().setup(run_sql)
+        for name, not_null, unique in run_sql(self.COLUMNS).fetchall():
             if not not_null or name != "name" and not unique:
                 raise ValueError(
                     f"the {self.shown} has a 'plants' table that plantstore did not "
@@ -157,7 +157,7 @@ class PostgresStore(SQLStore):
         for table in "plants", "plant_events":
             # the owner's
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-                for _, largest in execute(self.MOVE.format(table)).fetchall():
+                for _, largest in run_sql(self.MOVE.format(table)).fetchall():
                     _log(
                         f"the identity of {table} was behind its largest seq, "
                         f"{largest}: "

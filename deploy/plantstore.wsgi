@@ -1,0 +1,2 @@
+import plantstore
+application = plantstore.app
