@@ -1229,7 +1229,6 @@ class WebhookSender:
         self.urls = [check_webhook_url(url) for url in urls]  # a 410 takes its URL out
         # None: the outbox in memory
         self._store = store if isinstance(store, SQLStore) else None
-        self.outbox_is_sql = self._store is not None
         if self._store:
             store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
         self._waiting, self._dropping, self._closed = (0, 0), False, False
@@ -2156,22 +2155,6 @@ def db_mistake(value):
         return "holds a control character"
     if re.match(r"[A-Za-z][\w+.-]*//", value):
         return "looks like a URL without the ':' after its scheme"
-    # libpq's user-info ends at the first @ before a /
-    if re.match("(?i)postgres(ql)?://", value):
-        authority, _, path = value.partition("://")[2].partition("/")
-        user_info = authority.rpartition("@")[0]
-        database = path.partition("?")[0]
-        # else libpq reads a part of the password as the host, and shows it
-        if (
-            authority.count("@") > 1
-            or re.search("[?#]", user_info)
-            or "@" in database
-            or "#" in value
-        ):
-            return (
-                "is not a well-formed PostgreSQL URL: in the user name and password, "
-                "write @ as %40, / as %2F, ? as %3F and # as %23"
-            )
     return None
 
 

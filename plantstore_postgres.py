@@ -214,6 +214,23 @@ class PostgresStore(SQLStore):
 def postgres_settings(conninfo):
     """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
     messages name it: a URL made anew from those parameters, without the password."""
+    # libpq's user-info ends at the first @ before a /
+    if re.match("(?i)postgres(ql)?://", conninfo):
+        authority, _, path = conninfo.partition("://")[2].partition("/")
+        user_info = authority.rpartition("@")[0]
+        database = path.partition("?")[0]
+        # else libpq reads a part of the password as the host, and shows it
+        if (
+            authority.count("@") > 1
+            or re.search("[?#]", user_info)
+            or "@" in database
+            or "#" in conninfo
+        ):
+            raise ValueError(
+                f"{DB_VARIABLE} is not a well-formed PostgreSQL URL: in the user name "
+                "and password, write @ as %40, / as %2F, ? as %3F and # as %23; "
+                f"it takes {DB_FORMS}"
+            )
     try:  # libpq reads the scheme in lower case only
         parameters = conninfo_to_dict(
             re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)

@@ -1,0 +1,2039 @@
+"""Tests for plantstore_postgres: the PostgreSQL store and its settings, against a real
+PostgreSQL 15, under the servers, and on hosts of its own.
+
+The suite's PostgreSQL, the fixtures and the helpers are test_plantstore.py's, and so
+are the tests every store passes, PostgreSQL included."""
+
+import concurrent.futures
+import collections
+import contextlib
+import fcntl
+import http.client
+import http.server
+import itertools
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import urlencode
+
+import psycopg
+import pytest
+import webtest
+from psycopg import sql
+
+import plantstore
+import plantstore_postgres
+from plantstore_postgres import PostgresStore
+from plantstore import INT64_MAX, INT64_MIN, SQLiteStore, make_app
+from test_plantstore import (
+    AUTH,
+    HERE,
+    SECRET,
+    SECRET_SPELLINGS,
+    TOKEN,
+    WAIT,
+    Creates,
+    Lines,
+    Postgres,
+    Runbook,
+    assert_secret_kept,
+    assert_unavailable,
+    environ_without_tokens,
+    exchange,
+    free_port,
+    in_threads,
+    listed_ids,
+    next_link,
+    over_http,
+    post,
+    post_over_http,
+    run_plantstore,
+    serve_batches,
+    serve_plantstore,
+    start_gunicorn,
+    start_nginx,
+    stop_service,
+    stored_plants,
+    wait_until,
+)
+
+# test_plantstore.py's fixtures, named here with `as`: pytest finds a test's fixtures
+# among its module's names.
+from test_plantstore import (
+    pg_url as pg_url,
+    postgres as postgres,
+    receiver as receiver,
+    runbook as runbook,
+    spawn as spawn,
+)
+
+
+# ---- The health check, for load balancers ----
+
+
+def test_health_is_503_with_retry_after_while_postgres_is_away(postgres, pg_url):
+    app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    app.get("/health", status=200)
+    postgres.stop()
+    try:
+        response = app.get("/health", status=503, expect_errors=True)
+    finally:
+        postgres.start()
+    assert_unavailable(response)
+    assert "127.0.0.1" not in response.text and postgres.password not in response.text
+    assert str(postgres.port) not in response.text
+    app.get("/health", status=200)
+
+
+# ---- SQL stores: a database away is a 503, and the service recovers by itself ----
+
+
+def test_a_commit_held_by_a_missing_sync_standby_is_a_bounded_503_and_a_retry_409(
+    pg_url,
+):
+    """The bound on a statement: the commit is cut at DB_WAIT_SECONDS, though PostgreSQL
+    keeps it."""
+    app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    post(app, {"id": 1, "name": "Fern"}, 200)
+
+    def standby(name):
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            db.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            db.execute("SELECT pg_reload_conf()")
+
+    def commit_of_its_own():
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            db.execute("CREATE TEMPORARY TABLE probe (x int)")
+
+    # every commit now waits for a standby that never comes, once reloaded
+    standby("nobody")
+    deadline, probe = time.monotonic() + WAIT, None
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+        while not db.execute(waiting).fetchone()[0]:  # until a commit is seen to wait
+            assert time.monotonic() < deadline, (
+                "synchronous_standby_names never took effect"
+            )
+            if probe is None or not probe.is_alive():
+                probe = threading.Thread(target=commit_of_its_own, daemon=True)
+                probe.start()
+            time.sleep(0.05)
+    try:
+        started = time.monotonic()
+        response = post(app, {"id": 2, "name": "Ivy"}, 503)
+        waited = time.monotonic() - started
+    finally:
+        standby("")  # which also lets the held commit end
+    assert_unavailable(response)
+    # cut, not held for as long as the standby is away
+    assert waited < 2 * plantstore.DB_WAIT_SECONDS
+    # PostgreSQL committed it: the retry finds it
+    post(app, {"id": 2, "name": "Ivy"}, 409)
+    assert app.get("/plants", headers=AUTH, status=200).json == [
+        {"name": "Fern"},
+        {"name": "Ivy"},
+    ]
+
+
+def test_postgres_away_is_503_then_recovers_without_a_restart(postgres, pg_url, capsys):
+    app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    post(app, {"id": 1, "name": "Fern"}, 200)
+    postgres.stop()
+    try:
+        assert_unavailable(post(app, {"id": 2, "name": "Ivy"}, 503))
+        assert_unavailable(
+            app.get("/plants", headers=AUTH, status=503, expect_errors=True)
+        )
+        assert_unavailable(
+            app.delete("/plants/1", headers=AUTH, status=503, expect_errors=True)
+        )
+    finally:
+        postgres.start()
+    post(app, {"id": 2, "name": "Ivy"}, 200)  # the same application, a new connection
+    assert app.get("/plants", headers=AUTH, status=200).json == [
+        {"name": "Fern"},
+        {"name": "Ivy"},
+    ]
+    logged = capsys.readouterr().err
+    assert "is unavailable" in logged and "reachable again" in logged
+    assert (
+        postgres.password not in logged
+        and "postgresql://plantstore@127.0.0.1" in logged
+    )
+
+
+def test_postgres_store_at_start_up_waits_for_a_database_that_is_away(postgres, pg_url):
+    postgres.stop()
+    try:
+        # does not refuse to start
+        app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+        assert_unavailable(post(app, {"id": 1, "name": "Fern"}, 503))
+    finally:
+        postgres.start()
+    post(app, {"id": 1, "name": "Fern"}, 200)
+
+
+@pytest.mark.parametrize("missing", ["psycopg", "plantstore_postgres"])
+def test_python_plantstore_py_names_what_postgres_needs_when_it_is_missing(
+    spawn, missing
+):
+    code = (
+        f"import runpy, sys; sys.modules[{missing!r}] = None;"
+        " sys.argv[1:] = ['--port', '0'];"
+        "runpy.run_path('plantstore.py', run_name='__main__')"
+    )
+    process = spawn(
+        [sys.executable, "-c", code],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB="postgresql://plantstore:hunter2-secret@127.0.0.1:1/plants",
+        ),
+    )
+    assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert err == (
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
+        f"{missing}: pip install 'plantstore[postgres]'\n"
+    )
+
+
+def test_python_plantstore_py_on_postgres_is_one_module_not_two(
+    spawn, postgres, pg_url, receiver
+):
+    """python plantstore.py runs the file as __main__; plantstore_postgres imports
+    plantstore: one module, or its store is no SQLStore here (webhooks would wait in
+    memory) and its 503 no HTTPError here (a 500)."""
+    hook = receiver()
+    hook.stop()  # the event waits in the outbox, where the test reads it
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=pg_url,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        ),
+    )
+    host, port = (
+        Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    )
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    with postgres.local() as db:
+        assert db.execute("SELECT count(*) FROM plant_events").fetchone()[0] == 1
+    postgres.stop()
+    try:
+        status, body = post_over_http(host, port, TOKEN, {"id": 2, "name": "Ivy"})
+    finally:
+        postgres.start()
+    assert (status, body["error"]) == (503, 503)
+
+
+def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconnect(
+    spawn, postgres, pg_url
+):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    process, host, port, err = start_gunicorn(spawn, env, 2, 4)
+
+    def sixty_four_gets():
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            return list(
+                pool.map(
+                    lambda _: exchange(host, port, "GET", "/plants?limit=1")[0],
+                    range(64),
+                )
+            )
+
+    # every thread of both workers has its connection now
+    assert sixty_four_gets() == [200] * 64
+    postgres.stop()
+    postgres.start()  # pg_ctl -w: the database answers again
+    assert sixty_four_gets() == [200] * 64
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(WAIT)
+    assert "unavailable" not in err.rest()  # no request failed, so no outage was seen
+
+
+# ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
+
+
+def cluster_pids(postgres):
+    """The postmaster of the suite's PostgreSQL and every process it started (its
+    backends among them)."""
+    postmaster = int(
+        (postgres.folder / "data" / "postmaster.pid").read_text().split()[0]
+    )
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def creates_until(address, first_id, count, wait):
+    """Send creates one after another until `count` are answered 200, within `wait`
+    seconds; return the ids."""
+    created, deadline = [], time.monotonic() + wait
+    for plant_id in itertools.count(first_id):
+        assert time.monotonic() < deadline, (
+            f"creates did not succeed again ({len(created)} of {count})"
+        )
+        status, headers, _ = exchange(
+            *address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"}
+        )
+        assert status in (200, 503) and (status == 200 or "Retry-After" in headers), (
+            status,
+            headers,
+        )
+        if status == 200:
+            created.append(plant_id)
+            if len(created) == count:
+                return created
+        else:
+            time.sleep(0.05)
+
+
+def test_group_commit_postgres_stopped_mid_burst_answers_200_or_503_and_keeps_every_200(
+    spawn, postgres, pg_url
+):
+    """pg_ctl stop -m immediate while 16 clients create: every answer is 200, or 503
+    with Retry-After; nothing answered 200 is missing once PostgreSQL is back; and
+    creates succeed again with the same gunicorn."""
+    _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
+    answers, done = [], threading.Event()
+
+    def client(n):
+        for k in range(2000):
+            if done.is_set():
+                return
+            plant_id = n * 100_000 + k
+            try:
+                status, headers, body = exchange(
+                    *address,
+                    "POST",
+                    "/plants",
+                    {"id": plant_id, "name": f"p{plant_id}"},
+                )
+            except (OSError, http.client.HTTPException) as error:
+                # fails the test below
+                status, headers, body = repr(error), {}, None
+            answers.append((plant_id, status, headers.get("Retry-After"), body))
+            if status != 200:
+                # a real client would wait Retry-After seconds; the test keeps it short
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for thread in clients:
+        thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while len(answers) < 100:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        try:
+            postgres._pg(
+                "pg_ctl",
+                "-D",
+                postgres.folder / "data",
+                "-w",
+                "-t",
+                WAIT,
+                "-m",
+                "immediate",
+                "stop",
+            )
+            time.sleep(1)
+        finally:
+            postgres.start()
+        # the same servers, with new connections
+        creates_until(address, 10_000_000, 10, WAIT)
+    finally:
+        done.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert {status for _, status, _, _ in answers} == {200, 503}
+    for _, status, retry_after, body in answers:
+        assert status == 200 or (int(retry_after) > 0 and body["error"] == 503), (
+            status,
+            retry_after,
+            body,
+        )
+    plants = stored_plants(pg_url)
+    assert all(
+        plant_id in plants for plant_id, status, _, _ in answers if status == 200
+    )
+
+
+def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_stalled(
+    spawn, postgres, pg_url
+):
+    """kill -STOP of every process of the cluster: the creates waiting for it answer 503
+    with Retry-After within their bound, while it is still stopped; after kill -CONT
+    creates answer 200 again."""
+    _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
+    # each worker has its writer, connections in its pool
+    creates_until(address, 0, 16, WAIT)
+    answers, stalled = {}, []
+
+    def send(n):
+        answers[n] = exchange(
+            *address, "POST", "/plants", {"id": 100 + n, "name": f"stalled {n}"}
+        )
+
+    # 2 workers x 4 threads
+    senders = [threading.Thread(target=send, args=(n,), daemon=True) for n in range(8)]
+    try:
+        postmaster = cluster_pids(postgres)[0]
+        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
+        stalled.append(postmaster)
+        for pid in cluster_pids(postgres)[1:]:
+            os.kill(pid, signal.SIGSTOP)
+            stalled.append(pid)
+        for thread in senders:
+            thread.start()
+        # generous: two rounds of 4 threads
+        deadline = time.monotonic() + 3 * plantstore.DB_WAIT_SECONDS
+        for thread in senders:
+            thread.join(max(0, deadline - time.monotonic()))
+        answered = dict(answers)  # as they are while the database is still stopped
+    finally:
+        for pid in reversed(stalled):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert len(answered) == 8, (
+        f"{8 - len(answered)} of 8 creates got no answer while the database was stalled"
+    )
+    for status, headers, body in answered.values():
+        assert (
+            status == 503 and int(headers["Retry-After"]) > 0 and body["error"] == 503
+        ), (status, headers, body)
+    created = creates_until(address, 1000, 8, WAIT)
+    assert set(created) <= set(stored_plants(pg_url))
+
+
+# ---- Two gunicorn instances on one PostgreSQL ----
+
+
+@pytest.fixture
+def two_instances(spawn, pg_url):
+    """Two gunicorn instances x 2 workers x 4 threads, as on two machines, on the
+    suite's PostgreSQL."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    return [start_gunicorn(spawn, env, workers=2, threads=4) for _ in range(2)]
+
+
+def test_two_gunicorn_instances_on_postgres_share_ids_and_order(two_instances):
+    addresses = [(host, port) for _, host, port, _ in two_instances]
+    attempts = [(plant_id, n) for n in range(16) for plant_id in range(20)]
+    statuses = in_threads(
+        len(attempts),
+        lambda k: post_over_http(
+            *addresses[k % 2],
+            TOKEN,
+            {
+                "id": attempts[k][0],
+                "name": f"id {attempts[k][0]} by racer {attempts[k][1]}",
+            },
+        )[0],
+    )
+    assert sorted(statuses) == [200] * 20 + [409] * 300
+    for plant_id in range(100, 110):  # one after another, on alternate instances
+        assert (
+            post_over_http(
+                *addresses[plant_id % 2],
+                TOKEN,
+                {"id": plant_id, "name": f"id {plant_id}"},
+            )[0]
+            == 200
+        )
+    first, second = (
+        over_http(*address, TOKEN, "GET", "/plants") for address in addresses
+    )
+    assert first == second and first[0] == 200
+    assert [p["name"] for p in first[1][20:]] == [
+        f"id {plant_id}" for plant_id in range(100, 110)
+    ]
+    assert sorted(int(p["name"].split()[1]) for p in first[1][:20]) == list(range(20))
+    # kill -9 of one instance: the other serves on
+    os.killpg(two_instances[0][0].pid, signal.SIGKILL)
+    two_instances[0][0].wait(WAIT)
+    assert (
+        post_over_http(*addresses[1], TOKEN, {"id": 200, "name": "after the kill"})[0]
+        == 200
+    )
+    assert over_http(*addresses[1], TOKEN, "GET", "/plants")[1] == first[1] + [
+        {"name": "after the kill"}
+    ]
+
+
+def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postgres):
+    addresses = [(host, port) for _, host, port, _ in two_instances]
+    answers, acknowledged, stop = [], [], threading.Event()
+
+    def client(n):
+        for k in itertools.count():
+            if stop.is_set():
+                return
+            plant_id = n * 1_000_000 + k
+            status, headers, _ = exchange(
+                *addresses[k % 2],
+                "POST",
+                "/plants",
+                {"id": plant_id, "name": f"p{plant_id}"},
+            )
+            answers.append((status, "Retry-After" in headers))
+            if status == 200:
+                acknowledged.append(plant_id)
+            else:
+                # a real client would wait Retry-After seconds; the test keeps it short
+                time.sleep(0.05)
+
+    clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for thread in clients:
+        thread.start()
+    try:
+        time.sleep(0.5)
+        postgres.stop()
+        time.sleep(1)
+        postgres.start()
+        for address in addresses:  # each instance serves again, with nothing restarted
+            deadline = time.monotonic() + WAIT
+            while exchange(*address, "GET", "/plants?limit=1")[0] != 200:
+                assert time.monotonic() < deadline, "an instance did not recover"
+                time.sleep(0.1)
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert {status for status, _ in answers} == {200, 503}
+    assert all(has_retry_after for status, has_retry_after in answers if status == 503)
+    listed = {p["name"] for p in over_http(*addresses[0], TOKEN, "GET", "/plants")[1]}
+    # nothing answered 200 is lost
+    assert {f"p{plant_id}" for plant_id in acknowledged} <= listed
+    for process, _, _, err in two_instances:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(WAIT)
+        logged = err.rest()
+        assert "is unavailable" in logged and postgres.password not in logged
+
+
+# ---- Promises at the edges (issue 29) ----
+
+
+# the password, and the parts libpq would show of it
+EDGE_PASSWORD_PARTS = ("S3cretPW", "S3c", "retPW")
+
+
+# PLANTSTORE_DB values of no form it takes; {closed} is a port nothing listens on, which
+# libpq never reaches: it refuses the option's value first.
+DB_FORMS_OF_NO_KIND = {
+    "double-quoted-url": '"postgresql://app:S3cretPW@127.0.0.1/db"',
+    "single-quoted-libpq-string": "'host=127.0.0.1 password=S3cretPW'",
+    "byte-order-mark": "\ufeffpostgresql://app:S3cretPW@127.0.0.1/db",
+    "no-colon-after-the-scheme": "postgresql//app:S3cretPW@127.0.0.1/db",
+    "at-in-the-password": "postgresql://app:S3c@retPW@127.0.0.1/plants",
+    "question-mark-in-the-password": "postgresql://app:S3c?retPW@127.0.0.1/db",
+    "hash-in-the-password": "postgresql://app:S3c#retPW@127.0.0.1/db",
+    **{
+        f"{option}={value}": (
+            f"host=127.0.0.1 port={{closed}} {option}={value}"
+            " password=S3cretPW dbname=plants"
+        )
+        for option, value in [
+            ("connect_timeout", "abc"),
+            ("sslmode", "bogus"),
+            ("keepalives", "x"),
+        ]
+    },
+}
+
+
+def db_form_of_no_kind(form):
+    return DB_FORMS_OF_NO_KIND[form].format(closed=free_port())
+
+
+def assert_no_secret_and_the_option_named(said, form):
+    """No traceback, nothing of the password nor the user-info; a libpq option named,
+    its value never quoted."""
+    assert "Traceback" not in said and "app:" not in said
+    for part in EDGE_PASSWORD_PARTS:
+        assert part not in said
+    if "=" in form:
+        option, value = form.split("=")
+        assert f"option {option}" in said and not re.search(rf"\b{value}\b", said), said
+
+
+@pytest.mark.parametrize("form", DB_FORMS_OF_NO_KIND)
+def test_edges_plantstore_py_refuses_a_db_value_of_no_form_in_one_line_quoting_nothing(
+    form, tmp_path
+):
+    # the process's own temporary folder, to see that nothing lands in it
+    (tmp_path / "tmp").mkdir()
+    value = db_form_of_no_kind(form)
+    code, lines = run_plantstore(
+        tmp_path, PLANTSTORE_DB=value, TMPDIR=str(tmp_path / "tmp")
+    )
+    said = "".join(lines)
+    assert (
+        code == 2 and len(lines) == 1 and said.startswith("plantstore: PLANTSTORE_DB")
+    ), lines
+    assert_no_secret_and_the_option_named(said, form)
+    assert value.strip("\"'\ufeff") not in said
+    assert [path.name for path in tmp_path.iterdir()] == ["tmp"] and list(
+        (tmp_path / "tmp").iterdir()
+    ) == []
+
+
+@pytest.mark.parametrize(
+    "form", ["single-quoted-libpq-string", "at-in-the-password", "keepalives=x"]
+)
+def test_edges_gunicorn_refuses_a_db_setting_of_no_form_in_one_line_that_quotes_nothing(
+    form, spawn, tmp_path
+):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db_form_of_no_kind(form),
+        TMPDIR=str(tmp),
+        PYTHONPATH=str(HERE),  # this plantstore.py, from `work`
+    )
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-w",
+            "1",
+            "--threads",
+            "8",
+            "-b",
+            "127.0.0.1:0",
+            "--chdir",
+            str(work),
+            "plantstore:app",
+        ],
+        env,
+    )
+    assert process.wait(WAIT) != 0
+    said = process.stderr.read()
+    named = [line for line in said.splitlines() if "PLANTSTORE_DB" in line]
+    # AppImportError's line, as it is
+    assert len(named) == 1 and named[0].startswith("PLANTSTORE_DB"), said
+    assert_no_secret_and_the_option_named(said, form)
+    assert list(work.iterdir()) == [] and list(tmp.iterdir()) == []
+
+
+AWKWARD_PASSWORD = "S3c@re?t#PW"  # @ ? #: each written percent-encoded in a URL
+
+
+@pytest.fixture
+def awkward_role(limited_role, postgres):
+    """limited_role, its password holding @ ? and #, given its tables by their owner;
+    and its URL."""
+    with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+        db.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(limited_role["role"]), sql.Literal(AWKWARD_PASSWORD)
+            )
+        )
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
+    grant_the_tables(limited_role)
+    role = limited_role["role"]
+    encoded = (
+        AWKWARD_PASSWORD.replace("@", "%40").replace("?", "%3F").replace("#", "%23")
+    )
+    return {
+        **limited_role,
+        "url": f"postgresql://{role}:{encoded}@127.0.0.1:{postgres.port}/{role}",
+    }
+
+
+def test_edges_a_percent_encoded_password_connects_and_shows_on_no_start_or_outage_line(
+    awkward_role, spawn
+):
+    role = awkward_role["role"]
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=awkward_role["url"]
+        ),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert f"plants in PostgreSQL postgresql://{role}@127.0.0.1:" in "".join(err.seen)
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
+    with psycopg.connect(awkward_role["owner"], autocommit=True) as db:
+        # stored, by the role with that password
+        assert db.execute("SELECT id FROM plants").fetchall() == [(1,)]
+
+        def may_log_in(yes):
+            db.execute(
+                sql.SQL("ALTER ROLE {} " + ("LOGIN" if yes else "NOLOGIN")).format(
+                    sql.Identifier(role)
+                )
+            )
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = %s",
+                [role],
+            )
+            wait_until(
+                lambda: (
+                    not db.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE usename = %s", [role]
+                    ).fetchall()
+                ),
+                "the role's connections stayed",
+            )
+
+        may_log_in(False)  # an outage: its connection is gone, and no new one is let in
+        try:
+            status, headers, body = exchange(
+                host, port, "POST", "/plants", {"id": 2, "name": "Ivy"}
+            )
+            assert (
+                status == 503
+                and int(headers["Retry-After"]) > 0
+                and body["error"] == 503
+            )
+            err.until("is unavailable")
+        finally:
+            may_log_in(True)
+    assert post_over_http(host, port, TOKEN, {"id": 3, "name": "Moss"}) == (
+        200,
+        {"name": "Moss"},
+    )
+    err.until("reachable again")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    said = err.rest()
+    assert f"postgresql://{role}@127.0.0.1" in said and "Traceback" not in said
+    for part in (AWKWARD_PASSWORD, "S3c", "re?t", "#PW", "%40re", "%23PW"):
+        assert part not in said
+
+
+def test_edges_a_table_locked_elsewhere_costs_requests_their_bound_not_the_locks_length(
+    spawn, pg_url
+):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    _, host, port, _ = start_gunicorn(spawn, env, 1, 8)
+    deadline = time.monotonic() + WAIT
+    # the worker has built the app, and made the tables: asking no question of the
+    # database
+    while True:
+        with contextlib.suppress(OSError):
+            if exchange(host, port, "GET", "/openapi.json")[0] == 200:
+                break
+        assert time.monotonic() < deadline, "gunicorn never served"
+        time.sleep(0.05)
+    # not autocommit: the lock lasts until the transaction ends
+    locker = psycopg.connect(pg_url)
+    locker.execute("LOCK TABLE plants IN ACCESS EXCLUSIVE MODE")
+    released, release_once = threading.Event(), threading.Lock()
+
+    def release():
+        with release_once:
+            if not released.is_set():
+                # set first: an answer that finds it unset came while the lock was held
+                released.set()
+                locker.rollback()
+
+    # the lock is held ~15 s at most, whatever happens here
+    timer = threading.Timer(15, release)
+    timer.start()
+    try:
+
+        def ask(n):
+            if n < 4:
+                answer = exchange(
+                    host, port, "POST", "/plants", {"id": n, "name": f"p{n}"}
+                )
+            else:
+                answer = exchange(host, port, "GET", "/health")
+            return (*answer, released.is_set())
+
+        answers = in_threads(6, ask)
+    finally:
+        release()
+        timer.cancel()
+        locker.close()
+    # each answered while the lock was still held
+    assert [late for *_, late in answers] == [False] * 6
+    for status, headers, body, _ in answers[:4]:  # the creates
+        assert (status, body.get("error")) == (503, 503) and int(
+            headers["Retry-After"]
+        ) > 0, body
+    # The health checks: the database answers (a lock on one table is no outage, and a
+    # 503 here would take every instance out of its load balancer at once), within their
+    # own bound.
+    assert [(status, body) for status, _, body, _ in answers[4:]] == [
+        (200, {"status": "ok"})
+    ] * 2
+    # a create cut at its bound may have been committed since: 200, or 409
+    for n in range(4):
+        assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (
+            200,
+            409,
+        )
+    assert post_over_http(host, port, TOKEN, {"id": 10, "name": "after"}) == (
+        200,
+        {"name": "after"},
+    )
+    assert exchange(host, port, "GET", "/health")[0] == 200
+
+
+def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_instance(
+    spawn, pg_url
+):
+    def embedded(url):
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", "0"],
+            environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        )
+        err = Lines(process.stderr)
+        return (
+            process,
+            err,
+            err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(),
+        )
+
+    # its connections, named
+    flooded, flooded_err, address = embedded(pg_url + "?application_name=flooded")
+    _, _, other = embedded(pg_url)
+    ending, statuses = time.monotonic() + 4, []
+
+    def flood():
+        while time.monotonic() < ending:
+            try:
+                statuses.append(exchange(*address, "GET", "/health")[0])
+            except OSError as error:
+                # counted: a refused or reset connection is an answer too
+                statuses.append(repr(error))
+
+    clients = [threading.Thread(target=flood) for _ in range(60)]
+    for client in clients:
+        client.start()
+    held, created = [], None
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as db:
+            while time.monotonic() < ending:
+                held.append(
+                    db.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE application_name = 'flooded'"
+                    ).fetchone()[0]
+                )
+                # the flood is on: a create on the other instance
+                if created is None and len(statuses) > 60:
+                    created = (
+                        post_over_http(*other, TOKEN, {"id": 1, "name": "Fern"}),
+                        time.monotonic() < ending,
+                    )
+                time.sleep(0.05)
+    finally:
+        for client in clients:
+            client.join(WAIT)
+    # answered while the flood was still on
+    assert created == ((200, {"name": "Fern"}), True)
+    assert max(held) <= plantstore.SQLStore.POOL_SIZE + 1, held
+    assert len(statuses) > 60 and set(statuses) == {200}
+    flooded.send_signal(signal.SIGINT)
+    assert flooded.wait(WAIT) == 0
+    assert "unavailable" not in flooded_err.rest()
+
+
+# ---- Backups, restores and the move to PostgreSQL (docs/operations.md) ----
+
+
+@pytest.fixture
+def runbook_pg(runbook, postgres, tmp_path):
+    """The same, with the suite's PostgreSQL emptied: its password in a file of libpq's,
+    never in $PG."""
+    postgres.reset()
+    password_file = tmp_path / "pgpass"
+    password_file.write_text(
+        f"127.0.0.1:{postgres.port}:plantstore:plantstore:{postgres.password}\n"
+    )
+    password_file.chmod(0o600)
+    return Runbook(
+        tmp_path,
+        **{
+            **runbook.settings,
+            "PG": f"postgresql://plantstore@127.0.0.1:{postgres.port}/plantstore",
+        },
+    )
+
+
+def test_operations_postgres_backup_amid_creates_restores_all_answered_before_it(
+    runbook_pg, postgres, spawn
+):
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=postgres.url)
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    creates = Creates(host, port)
+    before = creates.wait_for(200)
+    backup = Path(runbook_pg.run("postgres-backup").strip())
+    creates.wait_for(len(creates.answered) + 200)  # creates go on during and after it
+    answered = creates.stop()
+    assert creates.statuses.keys() == {200} and backup.stat().st_mode & 0o777 == 0o600
+    # a mistake, to be undone
+    status, _ = over_http(host, port, TOKEN, "DELETE", f"/plants/{min(before)}")
+    assert status == 204
+    stop_service(service)
+    said = runbook_pg.run("postgres-restore")
+    process, host, port, _ = serve_plantstore(spawn, env)
+    restored = listed_ids(host, port)
+    assert said == f"{len(restored)} plants, 0 waiting events\n"
+    assert before <= set(restored) < answered and len(restored) == len(set(restored))
+    # the identity too
+    assert post_over_http(host, port, TOKEN, {"id": -1, "name": "steady -1"})[0] == 200
+    assert listed_ids(host, port)[-1] == -1
+
+
+HARD_PIECES = [
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "\U0001f335",
+    "\U0001fab4",
+    "\u862d",
+    "\u30b7\u30c0",
+    "\t",
+    "\\",
+    "\\N",
+    "\n",
+    "\r",
+    "'",
+    '"',
+    ",",
+    "\x1b",
+    "\x7f",
+    "\u2028",
+    "\ufeff",
+    "\x01",
+    " ",
+    "NULL",
+    "{}",
+]
+
+
+def hard_plants(rng, count):
+    """count plants whose names and tags hold what a copy by text would break, over the
+    whole int64 range."""
+    ids = [
+        INT64_MIN,
+        INT64_MAX,
+        0,
+        -1,
+        *rng.sample(range(-(2**62) + 1, 2**62), count - 4),
+    ]
+    return [
+        (
+            plant_id,
+            f"{n} " + "".join(rng.choices(HARD_PIECES, k=rng.randrange(12))),
+            rng.choice([None, "", "indoor", "\x00", "\udc80\U0001f33f"]),
+        )
+        for n, plant_id in enumerate(ids)
+    ]
+
+
+EVENT_COLUMNS = "seq, url, webhook_id, body, attempts, next_at, lease"
+
+
+def rows(db, sql):
+    return [
+        tuple(bytes(value) if isinstance(value, memoryview) else value for value in row)
+        for row in db.execute(sql).fetchall()
+    ]
+
+
+def test_operations_the_move_to_postgres_keeps_every_byte_link_order_and_waiting_event(
+    runbook_pg, postgres, spawn, receiver
+):
+    """docs/operations.md's move, command by command: 2,000 hard names, deletions, ids
+    made again, events."""
+    rng, path = random.Random(30), str(runbook_pg.settings["SQLITE"])
+    old_hook, new_hook = receiver(), receiver()
+    old_hook.stop()  # the old receiver is gone: its events wait
+    plants, store = hard_plants(rng, 2000), SQLiteStore(path)
+    for plant_id, name, tag in plants[:1700]:
+        assert store.add(plant_id, name, tag)
+    # from here, events wait; no sender of this process sends them
+    make_app(
+        [TOKEN], store=store, webhook_urls=[old_hook.url], webhook_secret=SECRET
+    ).webhook_sender.close()
+    for plant_id, name, tag in plants[1700:]:
+        assert store.add(plant_id, name, tag)
+    again = []  # deleted, then made again: listed last
+    for plant_id, _, _ in rng.sample(plants, 100):
+        assert store.delete(plant_id)
+        if plant_id % 2:
+            assert store.add(plant_id, f"{plant_id} again \x00\ud800", None)
+            again.append(plant_id)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=path,
+        PLANTSTORE_WEBHOOK_URL=old_hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    service, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    for plant_id in range(1, 11):
+        assert (
+            post_over_http(
+                host,
+                port,
+                TOKEN,
+                {"id": plant_id, "name": f"{plant_id} over HTTP \ud83c"},
+            )[0]
+            == 200
+        )
+    # next links issued before the move, and the pages they led to
+    pages, link = {}, "/plants?limit=150"
+    while link:
+        status, headers, body = exchange(host, port, "GET", link)
+        assert status == 200
+        pages[link] = body
+        link = (
+            re.fullmatch(r'<([^>]+)>; rel="next"', headers["Link"])[1]
+            if "Link" in headers
+            else None
+        )
+    # an event tried already: a next_at of its own
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        deadline = time.monotonic() + WAIT
+        while not db.execute(
+            "SELECT count(*) FROM plant_events WHERE attempts > 0"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "the sender tried no event"
+            time.sleep(0.05)
+    stop_service(service)  # the downtime starts
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        plants_before = rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
+        events_before = rows(
+            db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq"
+        )
+    assert (
+        len(plants_before) == 2000 - 100 + len(again) + 10
+        and len(events_before) == 300 + len(again) + 10
+    )
+
+    # started once on the empty database, then Ctrl-C
+    tables = runbook_pg.start(spawn, "make-tables")
+    # it serves: the tables are there
+    assert over_http(
+        *Lines(tables.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups(),
+        TOKEN,
+        "GET",
+        "/health",
+    ) == (200, {"status": "ok"})
+    os.killpg(tables.pid, signal.SIGINT)
+    assert tables.wait(WAIT) == 0
+    runbook_pg.run("pgloader-file")
+    runbook_pg.run("pgloader")
+    runbook_pg.run("empty-tables")  # a copy to do again, as the doc says
+    runbook_pg.run("pgloader")
+    assert runbook_pg.run("check-move") == "the same rows\n"
+    said = runbook_pg.run(
+        "repoint-postgres", OLD_URL=old_hook.url, NEW_URL=new_hook.url
+    )
+    assert f"UPDATE {len(events_before)}" in said
+    with psycopg.connect(postgres.url) as db:
+        # byte for byte
+        assert (
+            rows(db, "SELECT seq, id, name, tag FROM plants ORDER BY seq")
+            == plants_before
+        )
+        events_after = rows(
+            db, f"SELECT {EVENT_COLUMNS} FROM plant_events ORDER BY seq"
+        )
+    assert events_after == [
+        (seq, new_hook.url, *rest) for seq, _, *rest in events_before
+    ]
+
+    # the service, on PostgreSQL
+    env.update(PLANTSTORE_DB=postgres.url, PLANTSTORE_WEBHOOK_URL=new_hook.url)
+    service, host, port, err = start_gunicorn(spawn, env, 2, 4)
+    # every link issued before the move leads to the same page
+    for link, body in pages.items():
+        assert exchange(host, port, "GET", link)[::2] == (200, body)
+    assert post_over_http(
+        host, port, TOKEN, {"id": 11, "name": "11 after the move"}
+    ) == (200, {"name": "11 after the move"})
+    everything = over_http(host, port, TOKEN, "GET", "/plants")[1]
+    assert everything == [plant for body in pages.values() for plant in body] + [
+        {"name": "11 after the move"}
+    ]
+    # made before the move: in SQLite, again, over HTTP
+    for plant_id in INT64_MIN, again[0], 5:
+        assert over_http(host, port, TOKEN, "DELETE", f"/plants/{plant_id}")[0] == 204
+    waiting = {
+        webhook_id: json.loads(body) for _, _, webhook_id, body, *_ in events_before
+    }
+    delivered = wait_for_deliveries(new_hook, len(waiting) + 1)
+    # each, with its webhook-id
+    assert {webhook_id: delivered[webhook_id] for webhook_id in waiting} == waiting
+    assert [
+        delivered[webhook_id] for webhook_id in delivered.keys() - waiting.keys()
+    ] == [{"id": 11, "name": "11 after the move"}]
+    stop_service(service)
+    logged = err.rest()
+    # no event was lost to the old URL
+    assert "dropped" not in logged and postgres.password not in logged
+    # a line from each worker that moved it
+    moved = [line for line in logged.splitlines() if "identity" in line]
+    assert {re.search(r"\b(plants|plant_events)\b", line)[1] for line in moved} == {
+        "plant_events",
+        "plants",
+    }
+
+
+def wait_for_deliveries(hook, count):
+    """{webhook-id: payload} of the deliveries answered 2xx, once count different ones
+    came."""
+    deadline = time.monotonic() + WAIT
+    while (
+        len(
+            delivered := {
+                webhook_id: payload
+                for webhook_id, payload, status in list(hook.deliveries)
+                if 200 <= status < 300
+            }
+        )
+        < count
+    ):
+        assert time.monotonic() < deadline, f"{len(delivered)} of {count} events came"
+        time.sleep(0.05)
+    return delivered
+
+
+def identity_behind(url, plant_seqs, event_seqs, webhook_url="http://127.0.0.1:1/hook"):
+    """plantstore's tables holding rows copied with their seq, as pgloader copies them:
+    identities left at 1."""
+    PostgresStore(url)
+    with psycopg.connect(url, autocommit=True) as db:
+        for seq in plant_seqs:
+            db.execute(
+                "INSERT INTO plants (seq, id, name, tag) OVERRIDING SYSTEM VALUE "
+                "VALUES (%s, %s, %s, NULL)",
+                (seq, seq, f"copied {seq}".encode()),
+            )
+        for seq in event_seqs:
+            db.execute(
+                "INSERT INTO plant_events (seq, url, webhook_id, body, next_at) "
+                "OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, 0)",
+                (
+                    seq,
+                    webhook_url,
+                    f"msg_copied{seq}",
+                    plantstore.event_json(seq, f"copied {seq}", None),
+                ),
+            )
+
+
+def test_postgres_identity_behind_copied_rows_is_moved_at_start_and_said_in_one_line(
+    pg_url, spawn, receiver, postgres
+):
+    hook = receiver()
+    # the next seq, 1, is taken in each
+    identity_behind(pg_url, [1, 2, 3, 20550], [1, 2, 21550], hook.url)
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    process, host, port, err = serve_plantstore(spawn, env)
+    assert post_over_http(host, port, TOKEN, {"id": 7, "name": "new"}) == (
+        200,
+        {"name": "new"},
+    )
+    # listed last
+    assert over_http(host, port, TOKEN, "GET", "/plants")[1][-1] == {"name": "new"}
+    status, _, page = exchange(
+        host, port, "GET", f"/plants?limit=5&after={plantstore.cursor(20550)}"
+    )
+    assert (status, page) == (200, [{"name": "new"}])  # after the largest copied seq
+    # the event of the create too
+    assert sorted(plant["id"] for plant in hook.wait_for(4)) == [1, 2, 7, 21550]
+    stop_service(process)
+    said = [line for line in err.rest().splitlines() if "identity" in line]
+    assert sorted(
+        re.search(r"\b(plants|plant_events)\b", line)[1] for line in said
+    ) == ["plant_events", "plants"]
+    assert all(
+        line.startswith("plantstore: ") and postgres.password not in line
+        for line in said
+    )
+    assert "20550" in " ".join(said) and "21550" in " ".join(said)
+
+
+def test_postgres_identity_is_only_ever_moved_forward(pg_url, spawn):
+    """The newest plants deleted, then a restart: a new plant still comes after every
+    link given before."""
+    store = PostgresStore(pg_url)
+    for plant_id in range(12):
+        store.add(plant_id, f"p{plant_id}", None)
+    response = webtest.TestApp(make_app([TOKEN], store=store)).get(
+        "/plants?limit=10", headers=AUTH, status=200
+    )
+    link = next_link(response)  # after the 10th plant
+    for plant_id in range(5, 12):
+        assert store.delete(plant_id)
+    process, host, port, err = serve_plantstore(
+        spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    )
+    assert post_over_http(host, port, TOKEN, {"id": 99, "name": "new"})[0] == 200
+    assert over_http(host, port, TOKEN, "GET", link) == (200, [{"name": "new"}])
+    stop_service(process)
+    assert "identity" not in err.rest()  # nothing was behind: nothing said
+
+
+@pytest.mark.parametrize(
+    "columns, column, problem",
+    [
+        ("id BIGINT UNIQUE, name BYTEA NOT NULL", "id", "null"),
+        ("id BIGINT NOT NULL, name BYTEA NOT NULL", "id", "duplicates"),
+        ("id BIGINT NOT NULL UNIQUE, name BYTEA", "name", "null"),
+    ],
+    ids=["id-nullable", "id-not-unique", "name-nullable"],
+)
+def test_postgres_a_plants_table_plantstore_could_not_have_made_is_refused_in_one_line(
+    pg_url, postgres, tmp_path, columns, column, problem
+):
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute(
+            "CREATE TABLE plants (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            f" {columns}, tag BYTEA)"
+        )
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=pg_url)
+    said = "".join(lines)
+    assert (
+        code == 2
+        and len(lines) == 1
+        and "Traceback" not in said
+        and postgres.password not in said
+    )
+    assert (
+        said.startswith("plantstore: ")
+        and re.search(rf"\b{column}\b", said)
+        and problem in said.lower()
+    )
+
+
+# ---- Settings that mean what they say, and secrets that never show ----
+
+
+PASSWORD = "s3cr3t-pw"
+
+
+@pytest.mark.parametrize("value", SECRET_SPELLINGS.values(), ids=SECRET_SPELLINGS)
+def test_settings_a_database_password_is_never_shown_however_it_is_spelt(value):
+    try:
+        parameters, shown = plantstore_postgres.postgres_settings(value)
+    except ValueError as refusal:
+        shown = str(refusal)
+        assert shown.startswith("PLANTSTORE_DB ") and "%-escape" in shown
+    else:
+        assert shown == "PostgreSQL postgresql://plant@db.example:5432/plants"
+        # meant
+        assert PASSWORD in (parameters.get("password"), parameters.get("sslpassword"))
+    assert_secret_kept(shown)
+    assert "\n" not in shown
+
+
+POSTGRES_FORMS = [  # PLANTSTORE_DB, some of libpq's parameters, shown
+    (
+        "POSTGRESQL://plant:s3cr3t-pw@Db.Example/plants",
+        {"host": "Db.Example"},
+        "postgresql://plant@Db.Example/plants",
+    ),
+    (
+        "postgres://plant@db.example/plants",
+        {"user": "plant"},
+        "postgresql://plant@db.example/plants",
+    ),
+    (
+        "host = db.example  dbname = plants",
+        {"host": "db.example"},
+        "postgresql://db.example/plants",
+    ),
+    (
+        "postgresql://plant@h1:5432,h2:5433/plants",
+        {"port": "5432,5433"},
+        "postgresql://plant@h1:5432,h2:5433/plants",
+    ),
+    (
+        "host=h1,h2 port=5433 dbname=plants",
+        {"host": "h1,h2"},
+        "postgresql://h1:5433,h2:5433/plants",
+    ),
+    (
+        "postgresql://plant@[::1]:5432/plants",
+        {"host": "::1"},
+        "postgresql://plant@[::1]:5432/plants",
+    ),
+    (
+        "postgresql:///plants?host=/run/postgresql",
+        {"host": "/run/postgresql"},
+        "postgresql://%2Frun%2Fpostgresql/plants",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "value, parameters, shown", POSTGRES_FORMS, ids=[row[0] for row in POSTGRES_FORMS]
+)
+def test_settings_each_postgresql_form_is_read_as_libpq_reads_it(
+    value, parameters, shown
+):
+    read, said = plantstore_postgres.postgres_settings(value)
+    assert parameters.items() <= read.items()
+    # a URL libpq reads back: brackets, %2F for a socket
+    assert said == f"PostgreSQL {shown}"
+
+
+# ---- A real PostgreSQL 15: a role that may not create tables in schema public ----
+
+
+@pytest.fixture
+def limited_role(postgres):
+    """A fresh database of the suite's superuser, and a role that may log in, nothing
+    more."""
+    name, password = f"settings_{secrets.token_hex(4)}", secrets.token_urlsafe(12)
+    base = postgres.url.rpartition("/")[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
+        db.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        db.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+    host_port = base.rpartition("@")[2]
+    try:
+        yield {
+            "owner": f"{base}/{name}",
+            "role": name,
+            "password": password,
+            "url": f"postgresql://{name}:{password}@{host_port}/{name}",
+        }
+    finally:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as db:
+            db.execute(
+                sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            db.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def grant_the_tables(limited_role):
+    with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+        db.execute(
+            sql.SQL(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO {}"
+            ).format(sql.Identifier(limited_role["role"]))
+        )
+
+
+def test_settings_a_role_without_create_on_public_is_refused_in_one_line(
+    limited_role, tmp_path
+):
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=limited_role["url"])
+    said = "".join(lines)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in said
+    assert said.startswith("plantstore: PLANTSTORE_DB") and "CREATE" in said
+    assert limited_role["password"] not in said
+
+
+def test_settings_a_role_without_its_grants_is_told_which_privilege_is_missing(
+    limited_role,
+):
+    # the owner makes the tables, grants nothing
+    PostgresStore(limited_role["owner"])
+    with pytest.raises(ValueError) as refusal:
+        PostgresStore(limited_role["url"])
+    assert "SELECT, INSERT, UPDATE and DELETE" in str(refusal.value)
+    assert limited_role["password"] not in str(refusal.value)
+
+
+def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
+    limited_role,
+):
+    PostgresStore(limited_role["owner"])  # the owner makes the tables
+    grant_the_tables(limited_role)
+    store = PostgresStore(limited_role["url"])
+    assert store.add(7, "Fern", None) is True and store.add(7, "Fern", None) is False
+    assert [(name, tag) for _, name, tag in store.page(None, 10)] == [("Fern", None)]
+    assert store.delete(7) is True
+
+
+def test_settings_a_libpq_string_reaches_the_database_the_url_does(
+    limited_role, postgres
+):
+    PostgresStore(limited_role["owner"])
+    grant_the_tables(limited_role)
+    role, password = limited_role["role"], limited_role["password"]
+    keywords = (
+        f"host=127.0.0.1 port={postgres.port} user={role} password='{password}' "
+        f"dbname={role}"
+    )
+    assert PostgresStore(keywords).add(1, "Fern", "indoor") is True
+    upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
+    plants = PostgresStore(upper).page(None, 10)
+    assert [(name, tag) for _, name, tag in plants] == [("Fern", "indoor")]
+
+
+# ---- Separate hosts: network namespaces the test makes and removes ----
+# As root, the way CI runs the tests.
+
+
+class Hosts:
+    """Machines on a private network: a network namespace per host, one veth pair per
+    link.
+
+    The test process is the host None (the root namespace). Every name carries this
+    process's id, and each link is a /30 of 10.213.<block>.0/24, a block no other
+    interface here holds: packets go only between the two ends of a link, never anywhere
+    else. remove() ends every process on the hosts and deletes the namespaces and links;
+    a run killed before it did is swept by the next one.
+    """
+
+    prefix = "plantstore-"
+
+    def __init__(self):
+        self.namespaces, self.devices, self.cleanups, self.links = [], [], [], 0
+        self._sweep()
+        # held with a lock file until remove(): no concurrent run takes it
+        for block in range(256):
+            self._lock = open(
+                Path(tempfile.gettempdir()) / f"plantstore-netns-10.213.{block}.lock",
+                "w",
+            )
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._lock.close()
+                continue
+            if f" 10.213.{block}." not in ip("-4", "-o", "address", "show"):
+                self.block = block
+                return
+            self._lock.close()
+        raise AssertionError("no free block of addresses in 10.213.0.0/16")
+
+    def host(self, name):
+        """A new host: a namespace with its loopback up."""
+        namespace = f"{self.prefix}{os.getpid()}-{name}"
+        ip("netns", "add", namespace)
+        self.namespaces.append(namespace)
+        ip("-n", namespace, "link", "set", "lo", "up")
+        return namespace
+
+    def link(self, one, other):
+        """Join two hosts with a veth pair, a /30 of the block between them; return
+        {host: (address, device)}."""
+        n, self.links = self.links, self.links + 1
+        assert n < 64, "a block holds 64 links"
+        ends = {
+            one: (f"10.213.{self.block}.{4 * n + 1}", f"ps{os.getpid()}l{n}a"),
+            other: (f"10.213.{self.block}.{4 * n + 2}", f"ps{os.getpid()}l{n}b"),
+        }
+        (_, first), (_, second) = ends[one], ends[other]
+        ip(
+            "link",
+            "add",
+            first,
+            *self._netns(one),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            second,
+            *self._netns(other),
+        )
+        if one is None:
+            self.devices.append(first)
+        for host, (address, device) in ends.items():
+            # no IPv6 either
+            ip(*self._n(host), "link", "set", device, "addrgenmode", "none")
+            ip(*self._n(host), "address", "add", f"{address}/30", "dev", device)
+            ip(*self._n(host), "link", "set", device, "up")
+        return ends
+
+    def set_link(self, host, device, state):
+        """Set a host's end of a link "down" (the host goes silent: no reset, no error,
+        nothing) or "up"."""
+        ip(*self._n(host), "link", "set", "dev", device, state)
+
+    def inside(self, host):
+        """The command prefix that runs a program on `host`."""
+        return ["ip", "netns", "exec", host] if host else []
+
+    def remove(self):
+        for namespace in self.namespaces:
+            self._kill_all(namespace)
+        for cleanup in reversed(self.cleanups):
+            with contextlib.suppress(Exception):
+                cleanup()
+        for device in self.devices:  # deleting one end deletes its peer
+            with contextlib.suppress(subprocess.CalledProcessError):
+                ip("link", "delete", device)
+        for namespace in self.namespaces:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                ip("netns", "delete", namespace)
+        self._lock.close()
+
+    def _netns(self, host):
+        return ["netns", host] if host else []
+
+    def _n(self, host):
+        return ["-n", host] if host else []
+
+    def _kill_all(self, namespace):
+        """SIGKILL every process in the namespace and wait until none is left."""
+        deadline = time.monotonic() + WAIT
+        while pids := ip("netns", "pids", namespace, check=False).split():
+            for pid in map(int, pids):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            assert time.monotonic() < deadline, (
+                f"processes outlive SIGKILL in {namespace}: {pids}"
+            )
+            time.sleep(0.05)
+
+    def _sweep(self):
+        """Remove the namespaces of runs that were killed before they could (their
+        process is gone)."""
+        for line in ip("netns", "list").splitlines():
+            namespace = line.split()[0] if line.strip() else ""
+            if match := re.fullmatch(rf"{self.prefix}(\d+)-.*", namespace):
+                if not os.path.exists(f"/proc/{match[1]}"):
+                    self._kill_all(namespace)
+                    ip("netns", "delete", namespace, check=False)
+
+
+def ip(*args, check=True):
+    """Run ip(8) and return what it printed."""
+    return subprocess.run(
+        ["ip", *args], check=check, capture_output=True, text=True, timeout=WAIT
+    ).stdout
+
+
+@pytest.fixture
+def hosts():
+    """Hosts for this test, always removed with every process on them, even when the run
+    is stopped with SIGTERM."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    made = Hosts()
+    try:
+        yield made
+    finally:
+        made.remove()
+        signal.signal(signal.SIGTERM, previous)
+
+
+class PostgresOnHost(Postgres):
+    """The suite's PostgreSQL on a host of `hosts`, listening on its addresses there;
+    with `standby_of` (a server and the address it is reached at from this host), that
+    server's standby, cloned with pg_basebackup -R, streaming from it."""
+
+    def __init__(self, hosts, host, addresses, *, standby_of=None):
+        self.inside, self.listen, self.addresses = (
+            hosts.inside(host),
+            ",".join(addresses),
+            addresses,
+        )
+        # its processes are gone
+        hosts.cleanups.append(lambda: shutil.rmtree(self.folder, ignore_errors=True))
+        if standby_of is None:
+            super().__init__()
+            # from the test network, by password
+            with (self.folder / "data" / "pg_hba.conf").open("a") as hba:
+                hba.write(
+                    "host all all 10.213.0.0/16 scram-sha-256\n"
+                    "host replication all 10.213.0.0/16 scram-sha-256\n"
+                )
+            with self.local() as db:
+                db.execute("SELECT pg_reload_conf()")
+        else:
+            primary, address = standby_of
+            self.durable, self.password, self.port = (
+                False,
+                primary.password,
+                free_port(),
+            )
+            self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
+            self.as_postgres = [*self.inside]
+            if os.geteuid() == 0:
+                shutil.chown(self.folder, "postgres")
+                self.as_postgres += ["runuser", "-u", "postgres", "--"]
+            self._pg(
+                "pg_basebackup",
+                "-h",
+                address,
+                "-p",
+                primary.port,
+                "-U",
+                "plantstore",
+                "-D",
+                self.folder / "data",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+                env={**os.environ, "PGPASSWORD": self.password},
+            )
+            self.start()
+
+    def url_at(self, *servers, **query):
+        """The URL of this database at one or several servers (each: address, port),
+        with query parameters."""
+        hosts = ",".join(f"{address}:{port}" for address, port in servers)
+        return f"postgresql://plantstore:{self.password}@{hosts}/plantstore" + (
+            f"?{urlencode(query)}" if query else ""
+        )
+
+    def make_synchronous(self):
+        """Commit only once a standby has the commit too (on this server, not in what
+        was cloned from it)."""
+        with self.local() as db:
+            db.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            db.execute("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + WAIT
+            while db.execute(
+                "SELECT sync_state FROM pg_stat_replication"
+            ).fetchall() != [("sync",)]:
+                assert time.monotonic() < deadline, (
+                    "the standby did not become synchronous"
+                )
+                time.sleep(0.05)
+
+    def kill(self):
+        """SIGKILL the postmaster and every backend at once, as when its host dies."""
+        pid = int((self.folder / "data" / "postmaster.pid").read_text().split()[0])
+        # pg_ctl made the postmaster a process group's leader
+        os.killpg(pid, signal.SIGKILL)
+
+    def promote(self):
+        self._pg("pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "promote")
+
+    def ids(self):
+        with self.local() as db:
+            return [plant_id for (plant_id,) in db.execute("SELECT id FROM plants")]
+
+
+class Clients:
+    """Clients in threads, each sending requests one after another until stopped; every
+    answer is kept.
+
+    A creating client sends each plant once, with an id of its own: a retry would muddle
+    what each answer says. A client told to also ask for `health` polls GET /health, and
+    one told to `list`, GET /plants?limit=1. Every answer: what was asked, the plant's
+    id, when it was sent and answered (time.monotonic()), its status (or the exception's
+    name), headers and raw body, and whether the body came whole.
+    """
+
+    def __init__(self, address, port, creating=4, health=False, listing=False):
+        self.address, self.port, self.answers, self._stop = (
+            address,
+            int(port),
+            [],
+            threading.Event(),
+        )
+        self._threads = [
+            threading.Thread(target=self._create, args=(n,)) for n in range(creating)
+        ]
+        if health:
+            self._threads.append(
+                threading.Thread(target=self._poll, args=("health", "GET", "/health"))
+            )
+        if listing:
+            self._threads.append(
+                threading.Thread(
+                    target=self._poll, args=("list", "GET", "/plants?limit=1")
+                )
+            )
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self):
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(WAIT * 2)
+            assert not thread.is_alive(), "a client is still waiting for an answer"
+        return self.answers
+
+    def _create(self, n):
+        for k in itertools.count():
+            if self._stop.is_set():
+                return
+            plant_id = n * 1_000_000 + k
+            self._ask(
+                "create",
+                plant_id,
+                "POST",
+                "/plants",
+                json.dumps({"id": plant_id, "name": f"p{plant_id}"}),
+            )
+
+    def _poll(self, what, method, path):
+        while not self._stop.wait(0.1):
+            self._ask(what, None, method, path)
+
+    def _ask(self, what, plant_id, method, path, body=None):
+        connection = http.client.HTTPConnection(self.address, self.port, timeout=WAIT)
+        sent, status, headers, data, whole = time.monotonic(), None, {}, b"", False
+        try:
+            connection.request(
+                method, path, body, {"Content-Type": "application/json", **AUTH}
+            )
+            response = connection.getresponse()
+            status, headers = response.status, dict(response.getheaders())
+            data, whole = response.read(), True
+        except (OSError, http.client.HTTPException) as error:
+            # a status and a body cut short: whole is False
+            status = status or type(error).__name__
+        finally:
+            connection.close()
+        self.answers.append(
+            SimpleNamespace(
+                what=what,
+                plant_id=plant_id,
+                sent=sent,
+                answered=time.monotonic(),
+                status=status,
+                headers=headers,
+                body=data,
+                whole=whole,
+            )
+        )
+        if status != 200:
+            # a real client would wait Retry-After seconds; the test keeps it short
+            time.sleep(0.05)
+
+    def first(self, what, status, sent_after):
+        """The first answer with this status to a request sent after `sent_after`, or
+        None."""
+        return min(
+            (
+                a
+                for a in list(self.answers)
+                if a.what == what and a.status == status and a.sent >= sent_after
+            ),
+            key=lambda a: a.answered,
+            default=None,
+        )
+
+    def wait_for(self, what, status, sent_after, seconds):
+        """Wait until first(...) is there or `seconds` have passed since `sent_after`;
+        return it or None."""
+        while (
+            found := self.first(what, status, sent_after)
+        ) is None and time.monotonic() < sent_after + seconds:
+            time.sleep(0.05)
+        return found
+
+
+def assert_503s_say_when_to_retry(answers):
+    for answer in answers:
+        if answer.status == 503:
+            assert (
+                int(answer.headers["Retry-After"]) > 0
+                and answer.headers["Content-Type"] == "application/json"
+            )
+            assert json.loads(answer.body)["error"] == 503
+
+
+def test_failover_to_a_promoted_standby_through_a_multi_host_url(hosts, spawn):
+    """A primary and its synchronous standby on two hosts; gunicorn on a third, with a
+    multi-host URL. The primary dies under load and the standby is promoted 2 s later:
+    clients see 200 or 503 only, creates succeed again within 10 s of the promotion, and
+    every create answered 200 is on the new primary."""
+    app, db1, db2 = hosts.host("app"), hosts.host("db1"), hosts.host("db2")
+    front, to_db1, to_db2, between = (
+        hosts.link(None, app),
+        hosts.link(app, db1),
+        hosts.link(app, db2),
+        hosts.link(db1, db2),
+    )
+    primary = PostgresOnHost(hosts, db1, [to_db1[db1][0], between[db1][0]])
+    standby = PostgresOnHost(
+        hosts,
+        db2,
+        [to_db2[db2][0], between[db2][0]],
+        standby_of=(primary, between[db1][0]),
+    )
+    primary.make_synchronous()
+    url = primary.url_at(
+        (to_db1[db1][0], primary.port),
+        (to_db2[db2][0], standby.port),
+        target_session_attrs="read-write",
+    )
+    _, address, port, _ = start_gunicorn(
+        spawn,
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        2,
+        4,
+        inside=hosts.inside(app),
+        address=front[app][0],
+    )
+    clients = Clients(address, port)
+    try:
+        assert clients.wait_for("create", 200, time.monotonic(), WAIT), (
+            "no create succeeded before the failover"
+        )
+        time.sleep(0.5)
+        primary.kill()
+        killed = time.monotonic()
+        time.sleep(2)
+        promoted = time.monotonic()
+        standby.promote()
+        again = clients.wait_for("create", 200, promoted, 10)
+        time.sleep(0.5)
+    finally:
+        answers = clients.stop()
+    creates = [a for a in answers if a.what == "create"]
+    print(
+        f"failover: {len(creates)} creates: {count_statuses(creates)}; longest wait "
+        f"{max(a.answered - a.sent for a in creates):.2f} s; first 200 "
+        f"{after(again, promoted)} after the promotion ({promoted - killed:.1f} s "
+        f"after the kill)"
+    )
+    assert {a.status for a in creates} == {200, 503} and all(a.whole for a in creates)
+    assert_503s_say_when_to_retry(creates)
+    assert again and again.answered - promoted <= 10, (
+        "creates did not succeed again within 10 s of the promotion"
+    )
+    acknowledged = {a.plant_id for a in creates if a.status == 200}
+    # nothing answered 200 was lost with the old primary
+    assert acknowledged <= set(standby.ids())
+
+
+def test_partition_of_the_database_host_is_503_within_bounds_then_recovers(
+    hosts, spawn
+):
+    """The database host's link goes down for 30 s under load (it falls silent: no
+    reset, no error). Every request is answered within 10 s, 503 with Retry-After
+    meanwhile; /health says 503 within 5 s of the cut and 200 within 10 s of the return;
+    creates succeed again within 15 s of it; nothing answered 200 is lost."""
+    app, db = hosts.host("app"), hosts.host("db")
+    front, data = hosts.link(None, app), hosts.link(app, db)
+    server = PostgresOnHost(hosts, db, [data[db][0]])
+    url = server.url_at((data[db][0], server.port))
+    _, address, port, _ = start_gunicorn(
+        spawn,
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url),
+        2,
+        4,
+        inside=hosts.inside(app),
+        address=front[app][0],
+    )
+    # 4 at once: never more than a worker's threads
+    clients = Clients(address, port, creating=3, health=True)
+    try:
+        assert clients.wait_for("create", 200, time.monotonic(), WAIT), (
+            "no create succeeded before the cut"
+        )
+        time.sleep(0.5)
+        cut = time.monotonic()
+        hosts.set_link(db, data[db][1], "down")
+        try:
+            time.sleep(30)
+        finally:
+            hosts.set_link(db, data[db][1], "up")
+        back = time.monotonic()
+        again = clients.wait_for("create", 200, back, 15)
+        healthy = clients.wait_for("health", 200, back, 10)
+        time.sleep(0.5)
+    finally:
+        answers = clients.stop()
+    creates, polls = (
+        [a for a in answers if a.what == "create"],
+        [a for a in answers if a.what == "health"],
+    )
+    longest, unhealthy = (
+        max(answers, key=lambda a: a.answered - a.sent),
+        clients.first("health", 503, cut),
+    )
+    print(
+        f"partition: {len(creates)} creates: {count_statuses(creates)}; {len(polls)} "
+        f"/health: {count_statuses(polls)}; longest wait "
+        f"{longest.answered - longest.sent:.2f} s; /health 503 {after(unhealthy, cut)} "
+        f"after the cut, 200 {after(healthy, back)} after the return; first create 200 "
+        f"{after(again, back)} after the return"
+    )
+    assert {a.status for a in answers} == {200, 503} and all(a.whole for a in answers)
+    assert longest.answered - longest.sent <= 10, (
+        f"a request waited {longest.answered - longest.sent:.1f} s"
+    )
+    assert_503s_say_when_to_retry(answers)
+    assert again and again.answered - back <= 15, (
+        "creates did not succeed again within 15 s of the link's return"
+    )
+    # nothing answered 200 is lost
+    assert {a.plant_id for a in creates if a.status == 200} <= set(server.ids())
+    for answer in polls:
+        if answer.status == 200:
+            assert json.loads(answer.body) == {"status": "ok"}
+        else:  # an Error body that names no address, port or password
+            assert not any(
+                secret in answer.body.decode()
+                for secret in (server.password, "10.213.", str(server.port))
+            )
+    assert healthy and healthy.answered - back <= 10, (
+        "/health did not say 200 within 10 s of the link's return"
+    )
+    assert unhealthy and unhealthy.answered - cut <= 5, (
+        "/health did not say 503 within 5 s of the cut"
+    )
+
+
+def count_statuses(answers):
+    """'200 x 644, 503 x 45': how many answers had each status."""
+    return ", ".join(
+        f"{status} x {n}"
+        for status, n in sorted(
+            collections.Counter(a.status for a in answers).items(),
+            key=lambda item: str(item[0]),
+        )
+    )
+
+
+def after(answer, moment):
+    """How long after `moment` the answer came, or 'never'."""
+    return "never" if answer is None else f"{answer.answered - moment:.2f} s"
+
+
+def unread(hosts, host, address):
+    """The bytes waiting to be read on each connection to `address` (host:port) on
+    `host`: requests sent to it."""
+    port = address.rpartition(":")[2]
+    listed = subprocess.run(
+        [
+            *hosts.inside(host),
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+            f"( sport = :{port} )",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    ).stdout
+    return [int(line.split()[0]) for line in listed.splitlines()]
+
+
+def test_hosts_behind_nginx_one_dies_gets_keep_answering_and_no_post_is_sent_twice(
+    hosts, spawn, tmp_path
+):
+    """Two app hosts on one PostgreSQL behind nginx with the shipped upstream recipe.
+    One host hangs under load, then dies: GETs keep answering 200, creates answer 200 or
+    nginx's 502 in JSON, and no POST reaches two hosts."""
+    app1, app2, db = hosts.host("app1"), hosts.host("app2"), hosts.host("db")
+    front1, front2, data1, data2 = (
+        hosts.link(None, app1),
+        hosts.link(None, app2),
+        hosts.link(app1, db),
+        hosts.link(app2, db),
+    )
+    server = PostgresOnHost(hosts, db, [data1[db][0], data2[db][0]])
+    upstreams, gunicorns = [], []
+    for app, front, data in ((app1, front1, data1), (app2, front2, data2)):
+        env = environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=server.url_at((data[db][0], server.port)),
+        )
+        process, address, port, _ = start_gunicorn(
+            spawn, env, 2, 4, inside=hosts.inside(app), address=front[app][0]
+        )
+        upstreams.append(f"{address}:{port}")
+        gunicorns.append(process)
+    # What nginx sent where, for each request: the hosts it tried and the bytes each one
+    # was sent. $request, as the client sent it: an error page makes $request_method GET
+    # and $uri the page's.
+    logged = (
+        '    log_format upstreams \'"$request" $status '
+        '"$upstream_addr" "$upstream_bytes_sent"\';\n'
+        f"    access_log {tmp_path}/upstreams.log upstreams;\n"
+    )
+    port = start_nginx(spawn, tmp_path, upstreams, logged)
+    clients = Clients("127.0.0.1", port, listing=True)
+    try:
+        assert clients.wait_for("create", 200, time.monotonic(), WAIT), (
+            "no create succeeded through nginx"
+        )
+        time.sleep(0.5)
+        # the host hangs: requests sent to it wait for an answer
+        os.killpg(gunicorns[0].pid, signal.SIGSTOP)
+        deadline = time.monotonic() + WAIT
+        # a GET is 206 bytes
+        while not any(waiting > 220 for waiting in unread(hosts, app1, upstreams[0])):
+            assert time.monotonic() < deadline, "no POST reached the hung host"
+            time.sleep(0.05)
+        # then it dies, with a POST it was sent and never answered
+        os.killpg(gunicorns[0].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        time.sleep(2)
+    finally:
+        answers = clients.stop()
+    creates, gets = (
+        [a for a in answers if a.what == "create"],
+        [a for a in answers if a.what == "list"],
+    )
+    cut_short = [a for a in answers if not a.whole]
+    print(
+        f"hosts: {len(creates)} creates: {count_statuses(creates)}; {len(gets)} GETs: "
+        f"{count_statuses(gets)}; {len(cut_short)} answers cut short"
+    )
+    deadline = time.monotonic() + WAIT
+    while len(
+        posts := [
+            line
+            for line in (tmp_path / "upstreams.log").read_text().splitlines()
+            if line.startswith('"POST ')
+        ]
+    ) < len(creates):
+        # it logs just after it answers
+        assert time.monotonic() < deadline, "nginx did not log every POST"
+        time.sleep(0.05)
+    # a POST may go on to the next host only if the first got none of it
+    for line in posts:
+        sent_to = [int(n) for n in re.findall(r"\d+", line.split('"')[5])]
+        assert sum(n > 0 for n in sent_to) <= 1, (
+            f"a POST was sent to more than one host: {line}"
+        )
+    assert gets and {a.status for a in gets} == {200}
+    # 502: a POST the dead host had taken
+    assert {a.status for a in creates} == {200, 502}
+    # A host that dies between the head of its answer and the body leaves that answer
+    # cut short: nginx had passed the head on. It said 200, so the plant is stored
+    # (asserted below); a client that retries gets 409.
+    assert all(a.status == 200 for a in cut_short)
+    for answer in creates:
+        if answer.status == 502:
+            assert answer.headers["Content-Type"] == "application/json"
+            assert json.loads(answer.body) == {
+                "error": 502,
+                "message": "the service is not answering",
+            }
+    acknowledged = [a.plant_id for a in creates if a.status == 200]
+    assert set(acknowledged) <= set(server.ids())
+    assert clients.first("create", 200, killed + 0.5)  # the other host took over
