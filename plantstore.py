@@ -1266,7 +1266,7 @@ class WebhookSender:
 
     def notify(self, plant_id, name, tag):
         """After a create: write the event in memory, or wake for the one SQL wrote."""
-        if not self._store:
+        if not (self._store or self._closed):  # closed: its memory is gone
             body = event_json(plant_id, name, tag)
             count, size = self._waiting
             if count < self.MAX_WAITING and size + len(body) <= self.MAX_WAITING_BYTES:

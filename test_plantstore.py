@@ -3763,6 +3763,18 @@ def test_edges_a_fork_stops_the_sender_and_starts_one_in_each_process(
     assert not re.search("Traceback|Exception", printed), printed
 
 
+def test_a_create_after_the_sender_closed_is_still_a_200(store):
+    """close() stops the sending, not the service: an embedding app may serve on."""
+    application = make_app(
+        [TOKEN],
+        store=store,
+        webhook_urls=["http://127.0.0.1:9/h"],
+        webhook_secret=SECRET,
+    )
+    application.webhook_sender.close()
+    post(webtest.TestApp(application), {"id": 1, "name": "Fern"}, 200)
+
+
 def test_importing_starts_nothing_and_an_app_starts_its_sender_alone(tmp_path, pg_url):
     def started():
         return sorted(
