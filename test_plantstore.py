@@ -8244,6 +8244,15 @@ def test_retry_after_in_the_docs_is_what_a_503_sends(tmp_path):
             assert said[1] == sent, f"{where}: a 503 sends Retry-After: {sent}"
 
 
+def test_the_proxy_read_timeout_the_readme_quotes_is_the_shipped_one_above_the_bound():
+    where, said = doc_find("README.md", r"`proxy_read_timeout (\d+)s`")
+    conf = (HERE / "deploy" / "nginx.conf").read_text()
+    shipped = int(re.search(r"\n\s*proxy_read_timeout (\d+)s;", conf)[1])
+    assert int(said[1]) == shipped, f"{where}: deploy/nginx.conf has {shipped}s"
+    # nginx waits longer than a client's bound: plantstore's 503 arrives, not a 504
+    assert shipped > OUTAGE_CREATE_BOUND
+
+
 def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
     origin = "https://playground.example"
     asked = webtest.TestApp(make_app([TOKEN], cors_origins=[origin]))
