@@ -2304,6 +2304,261 @@ def test_sqlite_names_a_directory_it_cannot_write(tmp_path):
         make_read_only(folder, False)
 
 
+# ---- The database away: every bound holds when clients outnumber threads (issue 38)
+
+# The bounds as a client counts them, from sending a request to its whole answer: a
+# request may also wait for a thread, which answering 503 at once keeps short.
+OUTAGE_CLIENTS = 32  # creates sent at once to each server: 4 per thread of -w 2 -t 4
+OUTAGE_HEALTH_AT = 6  # seconds into the outage, a GET /health
+OUTAGE_CREATE_BOUND = 7  # seconds: DB_WAIT_SECONDS, and 2 for a thread
+OUTAGE_HEALTH_BOUND = 2.5  # seconds: HEALTH_WAIT_SECONDS, and 0.5 for a thread
+OUTAGE_BACK_BOUND = 3  # seconds from the database's return to a create answered 200
+SQLITE_LOCK_SECONDS = 15  # a migration's exclusive transaction, as issue 38 has it
+SQLITE_LOCKER = (  # python -c SQLITE_LOCKER FILE SECONDS: another process's transaction
+    "import sqlite3, sys, time\n"
+    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "db.execute('BEGIN EXCLUSIVE')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "db.execute('ROLLBACK')\n"
+)
+
+
+def serve_for_an_outage(spawn, server, db, first_id):
+    """gunicorn -w 2 --threads 4, or python plantstore.py, on db, once each of its
+    processes has built the app, and 16 creates have been answered 200; return
+    ((host, port), its stderr lines)."""
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db)
+    if server == "gunicorn":
+        _, host, port, err = start_gunicorn(spawn, env, 2, 4)
+    else:
+        err = Lines(spawn([sys.executable, "plantstore.py", "--port", "0"], env).stderr)
+        host, port = err.until(r"listening on http://([\d.]+):(\d+)/").groups()
+    # no worker is still starting when the clients come: each takes its share
+    while sum("plants in" in line for line in err.seen) < (server == "gunicorn") + 1:
+        err.until("plants in")
+    warm = in_threads(
+        16,
+        lambda n: exchange(
+            host, port, "POST", "/plants", {"id": first_id + n, "name": "warm"}
+        )[0],
+    )
+    assert warm == [200] * 16
+    return (host, port), err
+
+
+def timed_exchange(address, method, path, document=None):
+    """(seconds from sending to the whole answer, status, headers, body); the status
+    is the error's repr when no whole HTTP answer came."""
+    sent = time.monotonic()
+    try:
+        answer = exchange(*address, method, path, document)
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        answer = repr(error), {}, None
+    return time.monotonic() - sent, *answer
+
+
+def first_200_after(address, back, first_id):
+    """Send creates one after another from `back` on until one answers 200, or the
+    bound has passed; return when that was, in seconds after `back`."""
+    for plant_id in itertools.count(first_id):
+        status = timed_exchange(
+            address, "POST", "/plants", {"id": plant_id, "name": "back"}
+        )[1]
+        if status == 200 or time.monotonic() - back > OUTAGE_BACK_BOUND:
+            return time.monotonic() - back
+        time.sleep(0.05)
+
+
+def cluster_pids(postgres):
+    """The postmaster of the suite's PostgreSQL and every process it started (its
+    backends among them)."""
+    postmaster = int(
+        (postgres.folder / "data" / "postmaster.pid").read_text().split()[0]
+    )
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
+                children.append(int(stat.parent.name))
+    return [postmaster, *children]
+
+
+def make_the_database_away(database, postgres, files, stopped, lockers):
+    """PostgreSQL: every process of the cluster stopped, listed in `stopped` (SIGCONT
+    them). SQLite: each file held by a process of its own that ends its transaction by
+    itself after SQLITE_LOCK_SECONDS, listed in `lockers`."""
+    if database == "postgres":
+        postmaster, *_ = cluster_pids(postgres)
+        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
+        stopped.append(postmaster)
+        for pid in cluster_pids(postgres)[1:]:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        return
+    for path in files:
+        lockers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", SQLITE_LOCKER, path, str(SQLITE_LOCK_SECONDS)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for locker in lockers:
+        assert locker.stdout.readline() == "locked\n"
+
+
+@pytest.mark.parametrize("database", ["postgres", "sqlite"])
+def test_outage_32_clients_on_8_threads_are_each_answered_within_the_bounds(
+    database, spawn, tmp_path, request
+):
+    """PostgreSQL silent (every process stopped), or each SQLite file held for 15 s by
+    another process's exclusive transaction, while 32 clients each send one create to
+    gunicorn -w 2 --threads 4, and 32 others to the embedded server: each create is
+    answered within 7 s of being sent, 503 with Retry-After and the Error body (or
+    200); a /health sent 6 s in, within 2.5 s (503; SQLite's reads go on, so 200 or
+    503); once the database is back, a create answers 200 within 3 s; no server prints
+    a traceback; every create answered 200 is in the table, and on SQLite none answered
+    503 is. The two servers share one outage, each on its own connections and clients,
+    which keeps the suite's time."""
+    servers = ["gunicorn", "embedded"]
+    postgres = files = None
+    if database == "postgres":
+        postgres = request.getfixturevalue("postgres")
+        dbs = [request.getfixturevalue("pg_url")] * 2  # one table, ids apart
+    else:
+        files = dbs = [str(tmp_path / f"{server}.sqlite3") for server in servers]
+    bases = [100_000, 200_000]  # each server's ids: warm, burst at +1000, back at +2000
+    served = [
+        serve_for_an_outage(spawn, server, db, base)
+        for server, db, base in zip(servers, dbs, bases, strict=True)
+    ]
+    addresses = [address for address, _ in served]
+    go, stopped, lockers = threading.Event(), [], []
+    # a thread for each client, and one for each server's creates once it is back
+    pool = concurrent.futures.ThreadPoolExecutor(2 * (OUTAGE_CLIENTS + 2))
+
+    def create(address, plant_id):
+        go.wait(WAIT)
+        return timed_exchange(
+            address, "POST", "/plants", {"id": plant_id, "name": f"p{plant_id}"}
+        )
+
+    def health(address, at):
+        time.sleep(max(0, at - time.monotonic()))
+        return timed_exchange(address, "GET", "/health")
+
+    try:
+        make_the_database_away(database, postgres, files, stopped, lockers)
+        away = time.monotonic()
+        creates = [
+            {
+                plant_id: pool.submit(create, address, plant_id)
+                for plant_id in range(base + 1000, base + 1000 + OUTAGE_CLIENTS)
+            }
+            for address, base in zip(addresses, bases, strict=True)
+        ]
+        checks = [
+            pool.submit(health, address, away + OUTAGE_HEALTH_AT)
+            for address in addresses
+        ]
+        go.set()
+        if stopped:  # until every answer is in, or a bound was missed already
+            until = away + OUTAGE_HEALTH_AT + OUTAGE_HEALTH_BOUND
+            concurrent.futures.wait(
+                [*checks, *(f for each in creates for f in each.values())],
+                timeout=until - time.monotonic(),
+            )
+        for locker in lockers:  # it ends its transaction by itself
+            locker.wait(SQLITE_LOCK_SECONDS + WAIT)
+    finally:
+        go.set()  # no client is left waiting to start
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for locker in lockers:
+            locker.kill()
+            locker.wait()
+            locker.stdout.close()
+        back = time.monotonic()
+        returns = [
+            pool.submit(first_200_after, address, back, base + 2000)
+            for address, base in zip(addresses, bases, strict=True)
+        ]
+        pool.shutdown()
+    for process in spawn.processes:  # stopped, so that their logs are whole
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(WAIT)
+    plants = stored_plants(dbs[0]) if database == "postgres" else None
+    missed = []  # every bound missed, by either server: one failure says them all
+    for server, db, (_, err), answers, check, returned in zip(
+        servers, dbs, served, creates, checks, returns, strict=True
+    ):
+        answers = {plant_id: future.result() for plant_id, future in answers.items()}
+        said, stored = err.rest(), plants or stored_plants(db)
+        statuses = collections.Counter(status for _, status, *_ in answers.values())
+        late = sorted(s for s, *_ in answers.values() if s >= OUTAGE_CREATE_BOUND)
+        seconds, status, headers, body = check.result()
+        missed += [
+            f"{server} on {database}: {what}"
+            for what, held in [
+                (
+                    f"statuses {dict(statuses)}, each a whole HTTP answer",
+                    set(statuses) <= {200, 503},
+                ),
+                (
+                    "each 503 with Retry-After and the Error body",
+                    all(
+                        int(h["Retry-After"]) > 0 and b["error"] == 503
+                        for _, s, h, b in answers.values()
+                        if s == 503
+                    ),
+                ),
+                (
+                    f"{len(late)} creates answered {OUTAGE_CREATE_BOUND} s or more "
+                    "after they were sent: " + " ".join(f"{s:.2f}" for s in late),
+                    not late,
+                ),
+                (
+                    f"/health sent {OUTAGE_HEALTH_AT} s in answered {status} after "
+                    f"{seconds:.2f} s",
+                    seconds < OUTAGE_HEALTH_BOUND
+                    and status in ((503,) if database == "postgres" else (200, 503)),
+                ),
+                (
+                    "/health's 503 with Retry-After and the Error body",
+                    status != 503
+                    or int(headers["Retry-After"]) > 0
+                    and body["error"] == 503,
+                ),
+                (
+                    f"a create answered 200 {returned.result():.2f} s after the "
+                    "database's return",
+                    returned.result() < OUTAGE_BACK_BOUND,
+                ),
+                ("a traceback printed:\n" + said, "Traceback" not in said),
+                (
+                    "a create answered 200 is missing from the table",
+                    all(i in stored for i, (_, s, *_) in answers.items() if s == 200),
+                ),
+                # refused before anything is written: a 503 leaves nothing behind.
+                # PostgreSQL may yet commit a create answered 503 whose statement
+                # reached the stopped server before its bound cut the connection: its
+                # outcome is unknown (README), and a retry answers 409.
+                (
+                    "a create answered 503 is in the table",
+                    database == "postgres"
+                    or not any(
+                        i in stored for i, (_, s, *_) in answers.items() if s == 503
+                    ),
+                ),
+            ]
+            if not held
+        ]
+    assert not missed, "\n".join(missed)
+
+
 # ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
 
 
@@ -6439,6 +6694,15 @@ def test_retry_after_in_the_docs_is_what_a_503_sends(tmp_path):
     for name in every_doc():  # `Retry-After: 2`, or ("Retry-After", "2") in an example
         for where, said in doc_matches(name, r'Retry-After(?:: |", ")(\d+)'):
             assert said[1] == sent, f"{where}: a 503 sends Retry-After: {sent}"
+
+
+def test_the_proxy_read_timeout_the_readme_quotes_is_the_shipped_one_above_the_bound():
+    where, said = doc_find("README.md", r"`proxy_read_timeout (\d+)s`")
+    conf = (HERE / "deploy" / "nginx.conf").read_text()
+    shipped = int(re.search(r"\n\s*proxy_read_timeout (\d+)s;", conf)[1])
+    assert int(said[1]) == shipped, f"{where}: deploy/nginx.conf has {shipped}s"
+    # nginx waits longer than a client's bound: plantstore's 503 arrives, not a 504
+    assert shipped > OUTAGE_CREATE_BOUND
 
 
 def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
