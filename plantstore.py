@@ -46,6 +46,9 @@ import collections
 import concurrent.futures
 import contextlib
 import difflib
+# a webhook attempt's connect imports encodings.idna for its host name: imported
+# now, so that a fork during an attempt cannot leave that import's lock held
+import encodings.idna  # noqa: F401 (imported for that alone)
 import fcntl
 import hashlib
 import hmac
@@ -82,7 +85,7 @@ JSON_TYPE = "application/json"
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
 # Made once: HTTPStatus(status) per answer cost 5-10% of creates/s
 _STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
-# the phrase of a status HTTPStatus lacks: its class's, as RFC 9110 (15) names them
+# the reason phrase of a status HTTPStatus lacks: the name of its class (RFC 9110 §15)
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
 
 
@@ -141,7 +144,7 @@ def read_body(environ, limit):
         length = int(length.lstrip("0")[:19] or "0")  # 19 digits exceed any limit
         if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
-    elif not environ.get("wsgi.input_terminated"):  # PEP 3333: no length, read nothing
+    elif not environ.get("wsgi.input_terminated"):  # no length, no end: read nothing
         if environ.get("HTTP_TRANSFER_ENCODING"):  # chunked, undecoded by the server
             raise HTTPError(411, "send a Content-Length; a chunked body cannot be read")
         return b""
@@ -535,9 +538,9 @@ class Application:
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
         path, plant_id = environ.get("PATH_INFO", ""), None
-        parent, _, last = path.rpartition("/")
-        if last and f"{parent}/{{id}}" in self.routes:  # /plants/7: /plants/{id}
-            path, plant_id = f"{parent}/{{id}}", last
+        parent, _, last = path.rpartition("/")  # /plants/7 is /plants/{id}'s path,
+        if path not in self.routes and last and f"{parent}/{{id}}" in self.routes:
+            path, plant_id = f"{parent}/{{id}}", last  # unless a route is that path
         methods = self.routes.get(path)
         if methods is None:
             raise HTTPError(404, f"not found: the routes are {', '.join(self.routes)}")
@@ -1263,7 +1266,7 @@ class WebhookSender:
 
     def notify(self, plant_id, name, tag):
         """After a create: write the event in memory, or wake for the one SQL wrote."""
-        if not self._store:
+        if not (self._store or self._closed):  # closed: its memory is gone
             body = event_json(plant_id, name, tag)
             count, size = self._waiting
             if count < self.MAX_WAITING and size + len(body) <= self.MAX_WAITING_BYTES:
@@ -1987,7 +1990,9 @@ class _RequestHandler(WSGIRequestHandler):
 
     def send_error(self, code, *_message_and_explain, **_):
         # http.server's message quotes the request line (in the status line, since
-        # 3.13.15 and 3.14.7): the status's own phrase and text instead
+        # 3.13.15 and 3.14.7): the status's own phrase and text instead; and a status
+        # line even to a line that looked like HTTP/0.9, as 3.13 and later send
+        self.request_version = ""
         super().send_error(code)
 
 

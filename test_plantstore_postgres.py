@@ -50,6 +50,7 @@ from test_plantstore import (
     Runbook,
     assert_secret_kept,
     assert_unavailable,
+    cluster_pids,
     environ_without_tokens,
     exchange,
     free_port,
@@ -266,20 +267,6 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
 
 
 # ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
-
-
-def cluster_pids(postgres):
-    """The postmaster of the suite's PostgreSQL and every process it started (its
-    backends among them)."""
-    postmaster = int(
-        (postgres.folder / "data" / "postmaster.pid").read_text().split()[0]
-    )
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):  # ended meanwhile
-            if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
-                children.append(int(stat.parent.name))
-    return [postmaster, *children]
 
 
 def creates_until(address, first_id, count, wait):
