@@ -46,6 +46,7 @@ import collections
 import concurrent.futures
 import contextlib
 import difflib
+
 # a webhook attempt's connect imports encodings.idna for its host name: imported
 # now, so that a fork during an attempt cannot leave that import's lock held
 import encodings.idna  # noqa: F401 (imported for that alone)
@@ -680,7 +681,11 @@ class SQLStore(Store):
         return this_process(self, self._fresh)
 
     def _fresh(self):
-        return _Here(self.POOL_SIZE, contextlib.nullcontext())
+        return _Here(self.POOL_SIZE, None)
+
+    def _writing(self, _deadline):
+        """What a writer holds while it writes: an engine that queues writers says."""
+        return contextlib.nullcontext()
 
     def open_at_start(self):
         """Make the tables now: a database plantstore cannot use stops the start. No
@@ -698,20 +703,24 @@ class SQLStore(Store):
         The creates waiting at one moment share a commit: the first that finds no batch
         being written writes every create queued then, its own among them, and the
         others wait for its answer, or for their turn. A 200 means committed, within
-        DB_WAIT_SECONDS.
+        DB_WAIT_SECONDS; a 503, that the create is in no batch, or in one that failed.
         """
         here, create = self._here(), _Create(plant_id, name, tag)
         with here.turn:
             here.queue.append(create)
         while not create.done():
             with here.turn:
-                # another thread writes a batch
+                # Another thread writes a batch. While it tries a database found away,
+                # this create does not wait for it too (see session()).
                 while here.writing and not create.done():
-                    if not here.turn.wait(create.deadline - time.monotonic()):
-                        # left out of the next batch, unless one holds it
-                        create.cancel()
+                    late = here.failed[True] is not None or not here.turn.wait(
+                        create.deadline - time.monotonic()
+                    )
+                    if late and create.cancel():  # in no batch: never written
                         raise unavailable("the database")
-                if create.done():
+                    if late:  # in the batch being written: its answer comes
+                        break
+                if create.done() or create.running():
                     break
                 here.writing, batch = True, self._next_batch(here.queue)
             try:
@@ -818,23 +827,31 @@ class SQLStore(Store):
         asked, where run(sql, **parameters) runs one statement and returns its rows.
         All of it, connecting included, ends within `wait` seconds, or answers 503.
 
-        Once a wait found the database away, the others do not wait for it too: one
-        request at a time tries it, and the others answer 503 at once, until one finds
-        it back. Reads and writes apart: a table locked elsewhere stops only writes.
+        Once a wait found the database away (silent, or locked past the bound; a
+        refusal comes at once anyway), the others do not wait for it too: for
+        RETRY_AFTER seconds none tries it, then one request at a time does while the
+        others answer 503 at once, until one finds it back (a circuit breaker: open,
+        then half-open). Reads and writes apart: a table locked elsewhere stops writes.
         """
         here = self._here()
-        trying = here.away[write] and here.trying[write]
-        if trying and not trying.acquire(blocking=False):
-            raise unavailable("the database")  # known away; another request tries it
+        failed = here.failed[write]  # when a wait last found it away; None: it answered
+        trying = failed is not None and here.trying[write]
+        if trying and (
+            time.monotonic() < failed + RETRY_AFTER
+            or not trying.acquire(blocking=False)
+        ):
+            raise unavailable("the database")  # known away: not tried, or tried by one
+        started = time.monotonic()
         try:
             result = self._session(work, write, transaction, wait)
         except HTTPError:
-            here.away[write] = True
+            if time.monotonic() - started > 1:  # a wait, not a refusal at once
+                here.failed[write] = time.monotonic()
             raise
         finally:
             if trying:
                 trying.release()
-        here.away[write] = False
+        here.failed[write] = None
         if self._outage_said:
             self._outage_said = False
             _log(f"the {self.shown} is reachable again")
@@ -844,7 +861,9 @@ class SQLStore(Store):
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
             try:
-                with self._here().writers if write else contextlib.nullcontext():
+                with (
+                    self._writing(started + wait) if write else contextlib.nullcontext()
+                ):
                     with self._connection(started + wait) as (db, reused):
                         return self._work(db, work, transaction, started + wait)
             except self.outages as error:
@@ -970,9 +989,9 @@ class _Here:
         self.turn = threading.Condition()  # guards queue and writing
         self.queue, self.writing = collections.deque(), False  # creates to write
         self.writers = writers  # the lock a writer holds, shared with other processes
-        # for reads and writes: whether the last wait found the database away, and the
-        # lock of the one request that tries it meanwhile
-        self.away, self.trying = [False, False], [threading.Lock(), threading.Lock()]
+        # for reads and writes: when the last wait found the database away (None: it
+        # answered since), and the lock of the one request that tries it meanwhile
+        self.failed, self.trying = [None, None], [threading.Lock(), threading.Lock()]
 
 
 class SQLiteStore(SQLStore):
@@ -1012,7 +1031,8 @@ class SQLiteStore(SQLStore):
             )
         try:  # made for its owner alone (and so are -wal and -shm, which take its mode)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-            with self._here().writers:  # workers starting together make it in turn
+            # workers starting together make it in turn
+            with self._writing(time.monotonic() + DB_WAIT_SECONDS):
                 self.open_at_start()
         except (sqlite3.Error, OSError) as error:
             raise ValueError(
@@ -1022,6 +1042,17 @@ class SQLiteStore(SQLStore):
 
     def _fresh(self):
         return _Here(self.POOL_SIZE, _WriterLock(self.path + "-writers"))
+
+    def _writing(self, deadline):
+        return self._here().writers.held(deadline)
+
+    def execute(self, db, sql, parameters, deadline):
+        # SQLite's wait for a lock: what is left of this request's bound, not the bound
+        # of the request the connection was made for
+        db.execute(
+            f"PRAGMA busy_timeout = {int(max(0, deadline - time.monotonic()) * 1000)}"
+        )
+        return db.execute(sql, parameters)
 
     def connect(self, deadline):
         """A connection to the file, which must exist: a deleted file is not remade."""
@@ -1063,24 +1094,41 @@ class _WriterLock:
 
     SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a
     writer could wait far longer than the others. A lock per process, then an flock(2)
-    on a file beside the database, queue them instead.
+    on a file beside the database, queue them instead, each wait within its request's
+    bound: flock(2) has no timeout, so a writer tries it again, in naps from 0.1 ms to
+    5 ms, until the one before is done.
     """
 
     def __init__(self, path):
         self._thread_lock = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
 
-    def __enter__(self):
-        self._thread_lock.acquire()
+    @contextlib.contextmanager
+    def held(self, deadline):
+        if not self._thread_lock.acquire(timeout=max(0, deadline - time.monotonic())):
+            raise sqlite3.OperationalError("the writers' turn did not come in time")
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
+            nap = 0.0001
+            while not self._flock(fcntl.LOCK_EX | fcntl.LOCK_NB):
+                if time.monotonic() + nap > deadline:
+                    raise sqlite3.OperationalError(
+                        "the writers' turn did not come in time"
+                    )
+                time.sleep(nap)
+                nap = min(2 * nap, 0.005)
+            try:
+                yield
+            finally:
+                self._flock(fcntl.LOCK_UN)
+        finally:
             self._thread_lock.release()
-            raise
 
-    def __exit__(self, *exc_info):
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._thread_lock.release()
+    def _flock(self, operation):
+        try:
+            fcntl.flock(self._fd, operation)
+        except BlockingIOError:  # held by a writer of another process
+            return False
+        return True
 
 
 def _utf8(text):

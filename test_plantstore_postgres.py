@@ -774,6 +774,13 @@ def test_edges_a_table_locked_elsewhere_costs_requests_their_bound_not_the_locks
     assert [(status, body) for status, _, body, _ in answers[4:]] == [
         (200, {"status": "ok"})
     ] * 2
+    # Creates go again once the breaker tries the database, RETRY_AFTER after its last
+    # wait (README, "When the database is away"): within 3 s of the lock's end.
+    wait_until(
+        lambda: post_over_http(host, port, TOKEN, {"id": 99, "name": "x"})[0] == 200,
+        "no create succeeded once the lock was gone",
+        3,
+    )
     # a create cut at its bound may have been committed since: 200, or 409
     for n in range(4):
         assert post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0] in (
