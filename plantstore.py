@@ -1,11 +1,11 @@
 """The Plant Store API in one file, on the Python standard library alone.
 
 ``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional ``tag``) and
-answers the stored Plant (``name``, ``tag``; no ``id``); ``GET /plants?limit=N`` answers
-a page of plants, oldest first, with a ``Link`` to the next (without ``limit``, every
-plant, streamed); ``DELETE /plants/{id}`` removes one; ``GET /health`` tells a load
-balancer if the store answers. All but ``GET /health`` and ``GET /openapi.json`` need
-``Authorization: Bearer <token>``. Errors are ``{"error": <status>, "message": ...}``.
+answers the stored Plant (``name``, ``tag``; no ``id``). Every route is declared once,
+in ``Application.__init__``, and ``GET /openapi.json`` describes each operation; a route
+needs ``Authorization: Bearer <token>`` unless declared with ``token=False`` (``GET
+/health``, for load balancers, and the document). Errors are ``{"error": <status>,
+"message": ...}``.
 
 The file is in two parts. The core, down to the line "Optional parts", is a whole
 service: the request path and the in-memory store. Below it, each in a section of its
@@ -630,7 +630,7 @@ def _log(message):
     print(f"plantstore: {message}", file=sys.stderr, flush=True)
 
 
-# ---- The SQL stores: SQLite and PostgreSQL, one class ----
+# ---- The SQL stores: the SQL once, SQLite here, PostgreSQL in plantstore_postgres.py
 
 
 class SQLStore(Store):
@@ -647,8 +647,8 @@ class SQLStore(Store):
 
     The creates that wait at one moment in a process share one transaction and one flush
     to disk (group commit), where each create alone would pay its own: one of them
-    writes them all. There is no timer and no thread: a create that comes alone is
-    written at once, by its own.
+    writes them, up to BATCH creates and BATCH_BYTES a commit. There is no timer and no
+    thread: a create that comes alone is written at once, by its own.
     """
 
     INSERT = (
@@ -701,8 +701,9 @@ class SQLStore(Store):
         """Store a plant; return True, or False if its id is taken: never overwrite.
 
         The creates waiting at one moment share a commit: the first that finds no batch
-        being written writes every create queued then, its own among them, and the
-        others wait for its answer, or for their turn. A 200 means committed, within
+        being written writes the oldest queued then, up to BATCH creates and BATCH_BYTES
+        of names and tags, and writes the next while its own is in none; the others wait
+        for their batch's answer, or for their turn. A 200 means committed, within
         DB_WAIT_SECONDS; a 503, that the create is in no batch, or in one that failed.
         """
         here, create = self._here(), _Create(plant_id, name, tag)
