@@ -456,6 +456,28 @@ def stream_plants(read_page, plants):
 
 
 # ---- The WSGI application ----
+def check_tokens(tokens):
+    """The tokens as a list, if there is one and each can be sent and not guessed."""
+    if isinstance(tokens, str):
+        raise TypeError("tokens must be a list of strings, not one string")
+    if not (tokens := list(tokens)):
+        raise ValueError("tokens must not be empty: plantstore needs one")
+    if not all(
+        isinstance(token, str)
+        and token.isascii()
+        and token.isprintable()
+        and " " not in token
+        and len(token) >= MIN_TOKEN_LENGTH
+        for token in tokens
+    ):
+        raise ValueError(
+            f"each token must be at least {MIN_TOKEN_LENGTH} characters of "
+            "printable ASCII without spaces, or it can be guessed or mangled; "
+            f"make one with {MAKE_A_TOKEN}"
+        )
+    return tokens
+
+
 class Application:
     """The Plant Store API as a WSGI application (PEP 3333) for the given bearer tokens.
 
@@ -464,24 +486,7 @@ class Application:
     """
 
     def __init__(self, tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
-        if isinstance(tokens, str):
-            raise TypeError("tokens must be a list of strings, not one string")
-        self.tokens = list(tokens)
-        if not self.tokens:
-            raise ValueError("tokens must not be empty: plantstore needs one")
-        if not all(
-            isinstance(token, str)
-            and token.isascii()
-            and token.isprintable()
-            and " " not in token
-            and len(token) >= MIN_TOKEN_LENGTH
-            for token in self.tokens
-        ):
-            raise ValueError(
-                f"each token must be at least {MIN_TOKEN_LENGTH} characters of "
-                "printable ASCII without spaces, or it can be guessed or mangled; "
-                f"make one with {MAKE_A_TOKEN}"
-            )
+        self.tokens = check_tokens(tokens)
         if type(max_body_bytes) is not int or max_body_bytes < 0:
             raise ValueError("max_body_bytes must be a non-negative integer")
         store = PlantStore() if store is None else store
@@ -605,6 +610,9 @@ TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
 WEBHOOK_URL_VARIABLE = "PLANTSTORE_WEBHOOK_URL"
 WEBHOOK_SECRET_VARIABLE = "PLANTSTORE_WEBHOOK_SECRET"
 CORS_VARIABLE = "PLANTSTORE_CORS_ORIGINS"
+# the settings that may be read from a file, NAME_FILE, to keep a secret out of the
+# environment: every child process inherits it, and /proc/PID/environ shows it
+FILE_SETTINGS = (TOKENS_VARIABLE, WEBHOOK_SECRET_VARIABLE, DB_VARIABLE)
 DB_FORMS = (
     "a postgresql:// URL, a libpq string (host=... dbname=...), "
     "or an SQLite file's path (or sqlite:///path)"
@@ -1976,6 +1984,10 @@ CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 
 
 class _ServerHandler(ServerHandler):
+    # wsgiref starts each request's environ as a copy of the process's environment,
+    # secrets and all: a request gets only what PEP 3333 and CGI define
+    os_environ = {}
+
     def finish_content(self):
         # wsgiref gives every answer without a body "Content-Length: 0": RFC 9110
         # forbids it on a 204 (8.6), and on HEAD it would contradict a GET that streams
@@ -2137,13 +2149,38 @@ def make_app(
     return served
 
 
+def setting(environ, name):
+    """A setting's value from its variable, or from the file that NAME_FILE names
+    (systemd's LoadCredential=, a mounted secret), without one line end; or None."""
+    path = environ.get(f"{name}_FILE") if name in FILE_SETTINGS else None
+    if path is None:
+        return environ.get(name)
+    if name in environ:
+        raise ValueError(f"{name} and {name}_FILE are both set: set one of them")
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+        if data.startswith(b"SQLite format 3\0"):  # the database, not its address
+            problem = f"is an SQLite database: set {name} to its path instead"
+        else:
+            problem = "is empty" if not data.strip() else None
+            value = re.sub(r"\r?\n\Z", "", data.decode())
+    except OSError as error:
+        problem = f"cannot be read: {error.strerror}"
+    except UnicodeDecodeError:
+        problem = "is not UTF-8 text"
+    if problem:
+        raise ValueError(f"{name}_FILE: {path} {problem}")
+    return value
+
+
 def tokens_from_environ(environ=os.environ):
-    """The tokens in PLANTSTORE_TOKENS, or None when unset; set, it must hold one."""
-    if TOKENS_VARIABLE not in environ:
+    """The tokens of PLANTSTORE_TOKENS, one a line or comma-separated, or None when it
+    is unset; set, it must hold one."""
+    value = setting(environ, TOKENS_VARIABLE)
+    if value is None:
         return None
-    tokens = [
-        token.strip() for token in environ[TOKENS_VARIABLE].split(",") if token.strip()
-    ]
+    tokens = [token.strip() for token in re.split("[,\n]", value) if token.strip()]
     if not tokens:
         raise ValueError(
             f"{TOKENS_VARIABLE} is set but holds no token: set it to the bearer "
@@ -2154,7 +2191,7 @@ def tokens_from_environ(environ=os.environ):
 
 
 def options_from_environ(environ=os.environ):
-    """make_app's other settings, checked before the store opens: none makes a file."""
+    """make_app's other settings, each checked before the store, the last, opens."""
 
     def listed(name):
         return [
@@ -2162,11 +2199,12 @@ def options_from_environ(environ=os.environ):
         ]
 
     urls = [check_webhook_url(url) for url in listed(WEBHOOK_URL_VARIABLE)]
+    secret = setting(environ, WEBHOOK_SECRET_VARIABLE)
     if urls:
-        webhook_secret_key(environ.get(WEBHOOK_SECRET_VARIABLE))
+        webhook_secret_key(secret)
     return {
         "webhook_urls": urls,
-        "webhook_secret": environ.get(WEBHOOK_SECRET_VARIABLE),
+        "webhook_secret": secret,
         "cors_origins": [browser_origin(origin) for origin in listed(CORS_VARIABLE)],
         "store": store_from_environ(environ),
     }
@@ -2176,7 +2214,7 @@ def store_from_environ(environ=os.environ):
     """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a
     PostgreSQL URL, a libpq string, an SQLite file's path; or None (in memory). The
     value is never quoted."""
-    value = environ.get(DB_VARIABLE, "").strip()
+    value = (setting(environ, DB_VARIABLE) or "").strip()
     problem = db_mistake(value)
     if problem:
         raise ValueError(f"{DB_VARIABLE} {problem}; it takes {DB_FORMS}")
@@ -2215,33 +2253,36 @@ def db_mistake(value):
 
 def unknown_settings(environ=os.environ):
     """A warning for each PLANTSTORE_* variable plantstore does not read; no value."""
-    known = {
-        name[11:]: name
-        for name in (
-            TOKENS_VARIABLE,
-            DB_VARIABLE,
-            WEBHOOK_URL_VARIABLE,
-            WEBHOOK_SECRET_VARIABLE,
-            CORS_VARIABLE,
-        )
-    }  # DB, TOKENS, ...: the names without PLANTSTORE_
-    return [
-        f"{name} is not a plantstore setting, so it is ignored"
-        + "".join(
-            f"; did you mean {known[close]}?"
-            for close in difflib.get_close_matches(name[11:].upper(), known, 1, 0.4)
-        )  # DATABASE: DB
-        for name in sorted(environ)
-        if name.upper().startswith("PLANTSTORE_") and name not in known.values()
-    ]
+    known = [TOKENS_VARIABLE, WEBHOOK_URL_VARIABLE, CORS_VARIABLE, *FILE_SETTINGS]
+    known += [f"{name}_FILE" for name in FILE_SETTINGS]
+    short = {name.removeprefix("PLANTSTORE_"): name for name in known}  # DB: ...
+    warnings = []
+    for name in sorted(set(environ) - set(known)):
+        if name.upper().startswith("PLANTSTORE_"):
+            asked = name.upper().removeprefix("PLANTSTORE_")  # DATABASE finds DB
+            alike = [n for n in short if n.endswith("FILE") == asked.endswith("FILE")]
+            close = difflib.get_close_matches(asked, alike, 1, 0.4)
+            warnings.append(
+                f"{name} is not a plantstore setting, so it is ignored"
+                + "".join(f"; did you mean {short[match]}?" for match in close)
+            )
+    return warnings
 
 
 def app_from_environ(environ=os.environ, tokens=None):
-    """make_app with what the environment says, every setting checked; a start line."""
+    """make_app with what the environment says, every setting checked before the store
+    opens a file or a connection; then the start line."""
     for warning in unknown_settings(environ):
         _log(f"warning: {warning}")
+    tokens = tokens or tokens_from_environ(environ)
+    if tokens is None:
+        raise ValueError(
+            f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
+            "comma-separated; plantstore never runs without them"
+        )
+    tokens = check_tokens(tokens)  # before the store: a refused token makes no file
     options = options_from_environ(environ)
-    application = make_app(tokens or tokens_from_environ(environ), **options)
+    application = make_app(tokens, **options)
     store = options["store"]
     where = store.shown if store else "memory, in this process alone"
     _log(f"version {__version__}, plants in {where}")
@@ -2254,11 +2295,6 @@ def __getattr__(name):
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        if tokens_from_environ() is None:
-            raise ValueError(
-                f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to "
-                "accept, comma-separated; plantstore never runs without them"
-            )
         app = app_from_environ()
     # gunicorn prints its AppImportError in one line, and stops
     except ValueError as problem:
@@ -2279,6 +2315,12 @@ ENVIRONMENT_HELP = f"""environment:
   {WEBHOOK_URL_VARIABLE}     URLs, comma-separated, each new plant is POSTed to
   {WEBHOOK_SECRET_VARIABLE}  the Standard Webhooks secret that signs them (whsec_...)
   {CORS_VARIABLE}    origins, comma-separated, whose browser pages may call it
+  {TOKENS_VARIABLE}_FILE
+  {WEBHOOK_SECRET_VARIABLE}_FILE
+  {DB_VARIABLE}_FILE         a file that holds the setting named without _FILE,
+                             read instead of it: a secret kept out of the
+                             environment (a last line end is ignored; tokens may
+                             be one a line)
 
 more: README.md, or python -m pydoc plantstore"""
 
