@@ -32,6 +32,7 @@ with threads, or set ``PLANTSTORE_DB`` and run several.
 
 import base64
 import json
+import random
 import re
 import sys
 import threading
@@ -55,7 +56,6 @@ import hashlib
 import hmac
 import http.client
 import os
-import random
 import secrets
 import signal
 import socket
@@ -83,6 +83,8 @@ PAGE_MAX = 1000  # plants in a page; a listing without `limit` streams such page
 CHUNK = 1024  # plants in one chunk of the in-memory store
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 JSON_TYPE = "application/json"
+# a client's X-Request-ID, kept if it is safe to echo and to log; else one is made
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
 # Made once: HTTPStatus(status) per answer cost 5-10% of creates/s
 _STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
@@ -509,21 +511,22 @@ class Application:
 
     def __call__(self, environ, start_response):
         """Answer a request; only a stream's exception escapes, once its 200 is sent."""
+        request_id = environ.get("HTTP_X_REQUEST_ID", "")
+        if not _REQUEST_ID.fullmatch(request_id):  # random re-seeds in a fork's child
+            request_id = f"{random.getrandbits(64):016x}"
         try:
             status, body, headers = self.respond(environ)
         except Exception as error:
-            status, body, headers = self.error_answer(environ, error)
+            status, body, headers = self.error_answer(environ, error, request_id)
+        headers = [*headers, ("X-Request-ID", request_id)]
         if status in (204, 304):  # answers that never have a body
-            headers, body = list(headers), []
-        elif type(body) is bytes:
-            headers = [
-                ("Content-Type", JSON_TYPE),
-                ("Content-Length", str(len(body))),
-                *headers,
-            ]
-            body = [body]
-        else:  # a streamed listing: its length is not known before its end
-            headers = [("Content-Type", JSON_TYPE), *headers]
+            body = []
+        else:  # JSON, unless the handler named another type
+            if all(name != "Content-Type" for name, _ in headers):
+                headers.append(("Content-Type", JSON_TYPE))
+            if type(body) is bytes:  # else a stream, of no length known before its end
+                headers.append(("Content-Length", str(len(body))))
+                body = [body]
         start_response(
             _STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers
         )
@@ -532,12 +535,13 @@ class Application:
             return []
         return body
 
-    def error_answer(self, environ, error):
+    def error_answer(self, environ, error, request_id):
         """An HTTPError's answer; any other error, or a status that is no final answer
-        (1xx, 600), is a 500, its traceback logged to wsgi.errors."""
+        (1xx, 600), is a 500, logged to wsgi.errors: the request id, the traceback."""
         status = getattr(error, "status", None)
         if isinstance(error, HTTPError) and type(status) is int and 200 <= status < 600:
             return status, error_json(status, error.message), error.headers
+        print(f"plantstore: request {request_id} failed:", file=environ["wsgi.errors"])
         traceback.print_exception(error, file=environ["wsgi.errors"])
         return 500, error_json(500, "internal server error"), []
 

@@ -138,7 +138,10 @@ def call(
     finally:
         getattr(chunks, "close", lambda: None)()
     status, headers = started[0]
-    return int(status.split()[0]), dict(headers), json.loads(data) if data else None
+    headers = dict(headers)
+    # on every answer, made anew unless the client sent one (tested on its own)
+    assert re.fullmatch("[0-9a-f]{16}|[A-Za-z0-9._-]{1,64}", headers.pop("X-Request-ID"))
+    return int(status.split()[0]), headers, json.loads(data) if data else None
 
 
 # ---- Creating a plant ----
