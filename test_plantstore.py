@@ -2,12 +2,10 @@
 sockets."""
 
 import concurrent.futures
-import base64
 import collections
 import contextlib
 import functools
 import gc
-import glob
 import http.client
 import http.server
 import importlib.util
@@ -16,20 +14,15 @@ import io
 import itertools
 import json
 import os
-import queue
 import random
 import re
-import secrets
 import select
-import shlex
 import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import sysconfig
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,12 +49,45 @@ from plantstore import (
     make_app,
     make_server,
 )
+from testbed import (
+    AUTH,
+    Creates,
+    HERE,
+    Lines,
+    SECRET,
+    SECRET_SPELLINGS,
+    TOKEN,
+    WAIT,
+    assert_error,
+    assert_secret_kept,
+    assert_unavailable,
+    cluster_pids,
+    environ_without_tokens,
+    exchange,
+    granian_command,
+    granian_recipe,
+    in_threads,
+    listed_ids,
+    next_link,
+    over_http,
+    post,
+    post_over_http,
+    processes_in_group,
+    read_database,
+    run_plantstore,
+    serve_batches,
+    serve_plantstore,
+    start_a_server,
+    start_granian,
+    start_gunicorn,
+    start_nginx,
+    stop_service,
+    stored_plants,
+    wait_listening,
+    wait_until,
+)
 
-TOKEN = "test-token-1-a7Qm9xZ2"
 OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-HERE = Path(__file__).resolve().parent
-WAIT = 30  # seconds any test waits for a server or a subprocess before failing
 
 
 @pytest.fixture
@@ -80,34 +106,6 @@ def stored(store):
     """What an in-memory store holds, by id: (name, tag)."""
     plants = {seq: (name, tag) for seq, name, tag in store.page(None, INT64_MAX)}
     return {plant_id: plants[seq] for plant_id, seq in store._seq.items()}
-
-
-def post(app, body, status, *, headers=AUTH, content_type="application/json", **kwargs):
-    """POST body to /plants: bytes as they are, anything else as JSON."""
-    if not isinstance(body, bytes):
-        body = json.dumps(body)
-    return app.post(
-        "/plants",
-        body,
-        headers=headers,
-        content_type=content_type,
-        status=status,
-        expect_errors=status >= 400,
-        **kwargs,
-    )
-
-
-def assert_error(response, status, message_part=""):
-    """Assert a JSON Error body (spec's Error shape, `error` the status) with a sound
-    Content-Length."""
-    assert response.status_int == status
-    assert response.content_type == "application/json"
-    assert int(response.headers["Content-Length"]) == len(response.body)
-    assert set(response.json) == {"error", "message"}
-    assert response.json["error"] == status
-    assert isinstance(response.json["message"], str) and response.json["message"]
-    assert message_part in response.json["message"]
-    assert "Traceback" not in response.json["message"]
 
 
 def call(
@@ -1339,24 +1337,6 @@ def test_the_readme_store_example_works_as_pasted():
 # ---- Threads against one application ----
 
 
-def in_threads(count, work):
-    """Run work(n) for n in range(count) in as many threads, released together; return
-    the results."""
-    barrier = threading.Barrier(count)
-    results = [None] * count
-
-    def run(n):
-        barrier.wait()
-        results[n] = work(n)
-
-    pool = [threading.Thread(target=run, args=(n,)) for n in range(count)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join(WAIT)
-    return results
-
-
 def create(application, plant_id, name):
     return call(application, body=json.dumps({"id": plant_id, "name": name}).encode())[
         0
@@ -1413,157 +1393,6 @@ def test_stored_plants_give_the_garbage_collector_a_few_objects_per_chunk(store)
 
 
 # ---- Reading back and deleting, on both stores ----
-
-
-class Postgres:
-    """A PostgreSQL server of the suite's own: initdb in a temporary folder, pg_ctl on a
-    free loopback port."""
-
-    listen = "127.0.0.1"  # its listen_addresses
-    # the command that runs a program on the server's host (ip netns exec NS); () for
-    # this one
-    inside = ()
-
-    def __init__(self, durable=False):
-        # the tests need no fsync; the benchmark measures PostgreSQL as shipped
-        self.durable = durable
-        self.folder = Path(tempfile.mkdtemp(prefix="plantstore-pg-"))
-        self.as_postgres = [*self.inside]
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            shutil.chown(self.folder, "postgres")
-            self.as_postgres += ["runuser", "-u", "postgres", "--"]
-        # through a file: never on a command line
-        self.password = secrets.token_urlsafe(18)
-        password_file = self.folder / "password"
-        password_file.write_text(self.password)
-        password_file.chmod(0o600)
-        if self.as_postgres:
-            shutil.chown(password_file, "postgres")
-        self.port = free_port()
-        self._pg(
-            "initdb",
-            "-D",
-            self.folder / "data",
-            "-U",
-            "plantstore",
-            "--pwfile",
-            password_file,
-            "-A",
-            "scram-sha-256",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        )
-        password_file.unlink()
-        self.start()
-        self.url = (
-            f"postgresql://plantstore:{self.password}@127.0.0.1:{self.port}/plantstore"
-        )
-        try:
-            with self.local("postgres") as db:
-                db.execute("CREATE DATABASE plantstore")
-        except BaseException:  # started, but of no use: never leave it running
-            self.remove()
-            raise
-
-    def local(self, database="plantstore"):
-        """A connection through the server's Unix socket: it reaches a server on any
-        host, whatever its network."""
-        return psycopg.connect(
-            host=str(self.folder),
-            port=self.port,
-            dbname=database,
-            user="plantstore",
-            password=self.password,
-            autocommit=True,
-        )
-
-    def _pg(self, program, *args, env=None):
-        binary = shutil.which(program) or max(
-            glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
-            key=lambda path: int(path.split("/")[4]),
-            default=program,
-        )
-        subprocess.run(
-            [*self.as_postgres, binary, *map(str, args)],
-            check=True,
-            timeout=WAIT * 2,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            env=env,
-        )
-
-    def start(self):
-        options = (
-            f"-p {self.port} -k {self.folder} -c listen_addresses={self.listen}"
-            " -c max_connections=200"
-        )
-        self._pg(
-            "pg_ctl",
-            "-D",
-            self.folder / "data",
-            "-l",
-            self.folder / "log",
-            "-w",
-            "-t",
-            WAIT,
-            "start",
-            "-o",
-            options if self.durable else f"{options} -c fsync=off",
-        )
-
-    def stop(self):
-        self._pg(
-            "pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", "fast", "stop"
-        )
-
-    def remove(self):
-        with contextlib.suppress(Exception):
-            self._pg("pg_ctl", "-D", self.folder / "data", "-m", "immediate", "stop")
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def reset(self):
-        with psycopg.connect(self.url, autocommit=True) as db:
-            db.execute("DROP TABLE IF EXISTS plants, plant_events")
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-# pytest registers a fixture again in each file that imports it, each registration
-# with a value of its own; test_plantstore_postgres.py imports the one below. Both
-# registrations hold this one server, and the last to let go of it stops it.
-SUITE_POSTGRES = SimpleNamespace(server=None, holders=0)
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    """Started once for the suite, always stopped; no skip: if it cannot start, the
-    tests that need it fail."""
-    # A run stopped with SIGTERM (a timeout, say) still tears down, and so stops this
-    # server.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    if SUITE_POSTGRES.server is None:
-        SUITE_POSTGRES.server = Postgres()
-    SUITE_POSTGRES.holders += 1
-    try:
-        yield SUITE_POSTGRES.server
-    finally:
-        SUITE_POSTGRES.holders -= 1
-        if not SUITE_POSTGRES.holders:
-            SUITE_POSTGRES.server.remove()
-            SUITE_POSTGRES.server = None
-        signal.signal(signal.SIGTERM, previous)
-
-
-@pytest.fixture
-def pg_url(postgres):
-    """The suite's database, emptied for this test."""
-    postgres.reset()
-    return postgres.url
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -1779,12 +1608,6 @@ def test_read_and_delete_need_the_token(any_app, method, path, headers, error):
 
 
 # ---- Pages, and the whole listing streamed ----
-
-
-def next_link(response):
-    """The target of a rel="next" Link header, or None."""
-    match = re.fullmatch(r'<([^>]+)>; rel="next"', response.headers.get("Link", ""))
-    return match and match[1]
 
 
 def follow_pages(application, first, meanwhile=lambda _page_number: None):
@@ -2163,11 +1986,6 @@ def test_gunicorn_with_three_workers_and_sqlite(spawn, tmp_path):
 # ---- SQL stores: a database away is a 503, and the service recovers by itself ----
 
 
-def assert_unavailable(response):
-    assert_error(response, 503, "database")
-    assert int(response.headers["Retry-After"]) > 0
-
-
 def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, receiver):
     """The file copied alone, run with no site-packages (python -S): SQLite, webhooks,
     CORS and the document are served; PostgreSQL names the module it needs."""
@@ -2362,20 +2180,6 @@ def first_200_after(address, back, first_id):
         time.sleep(0.05)
 
 
-def cluster_pids(postgres):
-    """The postmaster of the suite's PostgreSQL and every process it started (its
-    backends among them)."""
-    postmaster = int(
-        (postgres.folder / "data" / "postmaster.pid").read_text().split()[0]
-    )
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):  # ended meanwhile
-            if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
-                children.append(int(stat.parent.name))
-    return [postmaster, *children]
-
-
 def make_the_database_away(database, postgres, files, stopped, lockers):
     """PostgreSQL: every process of the cluster stopped, listed in `stopped` (SIGCONT
     them). SQLite: each file held by a process of its own that ends its transaction by
@@ -2562,34 +2366,6 @@ def batch_database(database, tmp_path, request):
         if database == "sqlite"
         else request.getfixturevalue("pg_url")
     )
-
-
-def read_database(db, query):
-    """Rows read straight from the database, with no plantstore in between."""
-    if db.startswith("postgresql://"):
-        with psycopg.connect(db) as connection:
-            return connection.execute(query).fetchall()
-    with contextlib.closing(sqlite3.connect(db)) as connection:
-        return connection.execute(query).fetchall()
-
-
-def stored_plants(db):
-    """{id: name} of every plant the database holds."""
-    return {
-        plant_id: bytes(name).decode()
-        for plant_id, name in read_database(db, "SELECT id, name FROM plants")
-    }
-
-
-def serve_batches(spawn, server, database, db, **settings):
-    """gunicorn -w 2 --threads 4, or granian with the recipe for the store; return
-    (process, (host, port))."""
-    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=db, **settings)
-    if server == "gunicorn":
-        process, host, port, _ = start_gunicorn(spawn, env, 2, 4)
-        return process, (host, port)
-    started = start_granian(spawn, env, database)
-    return started.process, ("127.0.0.1", started.port)
 
 
 def queued_behind_a_held_batch(store, application, bodies):
@@ -2869,118 +2645,7 @@ def test_group_commit_kill_9_mid_burst_loses_no_plant_answered_200_nor_its_event
     assert events == collections.Counter(list(plants))
 
 
-# ---- gunicorn, as the tests start it ----
-
-
-def start_gunicorn(
-    spawn, env, workers=1, threads=8, *options, inside=(), address="127.0.0.1"
-):
-    """Start gunicorn on a free port of `address` (on the host `inside` runs programs
-    on: this one by default); return (process, host, port, its stderr lines) once all
-    workers boot."""
-    process = spawn(
-        [
-            *inside,
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-w",
-            str(workers),
-            "--threads",
-            str(threads),
-            *options,
-            "-b",
-            f"{address}:0",
-            "plantstore:app",
-        ],
-        env,
-    )
-    err = Lines(process.stderr)
-    host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
-    for _ in range(workers):
-        err.until(r"Booting worker")
-    return process, host, port, err
-
-
 # ---- Webhooks: a receiver on loopback verifies each with the reference library ----
-
-SECRET = "whsec_" + base64.b64encode(b"plantstore-test-webhook-secret-32").decode()
-
-
-class Receiver:
-    """A webhook receiver on a loopback port of its own: verifies each delivery, answers
-    as told."""
-
-    def __init__(self, port=0):
-        # statuses: answered in turn
-        self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None
-        self.refused = set()  # the ids of plants whose event it answers 422, every time
-        self.verifier = standardwebhooks.Webhook(SECRET)
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                # raises unless signed right
-                payload = receiver.verifier.verify(body, dict(self.headers.items()))
-                if receiver.hold:
-                    receiver.hold.wait(WAIT)
-                time.sleep(receiver.delay)
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                # this event, always: an answer all the same
-                if payload["id"] in receiver.refused:
-                    status = 422
-                receiver.deliveries.append(
-                    (self.headers["webhook-id"], payload, status)
-                )
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/plant/webhook"
-        threading.Thread(
-            target=self.server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            daemon=True,
-        ).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def delivered(self):
-        """The payloads answered 2xx, in the order they came."""
-        return [
-            payload for _, payload, status in self.deliveries if 200 <= status < 300
-        ]
-
-    def wait_for(self, count):
-        deadline = time.monotonic() + WAIT
-        while len(self.delivered()) < count:
-            assert time.monotonic() < deadline, (
-                f"{len(self.delivered())} of {count} deliveries came"
-            )
-            time.sleep(0.05)
-        return self.delivered()
-
-
-@pytest.fixture
-def receiver():
-    receivers = []
-
-    def start(port=0):
-        receivers.append(Receiver(port))
-        return receivers[-1]
-
-    yield start
-    for started in receivers:
-        with contextlib.suppress(Exception):
-            started.stop()
 
 
 @pytest.fixture
@@ -3444,18 +3109,6 @@ app = plantstore.make_app(tokens, store=RaisingStore())
 """
 
 
-def wait_listening(process, port):
-    deadline = time.monotonic() + WAIT
-    while True:
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
-            return
-        assert process.poll() is None and time.monotonic() < deadline, (
-            "the server is not listening"
-        )
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("server", ["gunicorn", "granian"])
 def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(
     server, spawn, tmp_path
@@ -3584,15 +3237,6 @@ def raw_receiver():
         started.stop()
 
 
-def wait_until(condition, what, seconds=WAIT):
-    """Wait for condition(), failing after `seconds` with `what` (or what(), said as
-    things are then)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what() if callable(what) else what
-        time.sleep(0.05)
-
-
 def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_utf_8(
     store, webhook_app, raw_receiver
 ):
@@ -3681,58 +3325,6 @@ def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_onc
     assert "given up" not in capsys.readouterr().err
 
 
-def start_a_server(kind, spawn, env, database):
-    """Start plantstore under one of the servers a user may pick, as its documentation
-    says, on a free loopback port; return it once it accepts connections, with no
-    request sent.
-
-    The answer has the process, its host and port, and output(): all it printed, once
-    it has ended.
-    """
-    env = {**env, "PYTHONPATH": str(HERE)}  # plantstore: this folder's, on any server
-    if kind == "python-plantstore-py":
-        process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
-        log = Lines(process.stderr)
-        host, port = log.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
-        logs = [log, Lines(process.stdout)]
-    elif kind == "granian":
-        server = start_granian(spawn, env, database)
-        process, host, port = server.process, "127.0.0.1", server.port
-        logs = [server.log, Lines(process.stderr)]
-    elif kind in ("gunicorn", "gunicorn-preload"):
-        process, host, port, log = start_gunicorn(
-            spawn, env, 2, 4, *(["--preload"] if kind == "gunicorn-preload" else [])
-        )
-        logs = [log, Lines(process.stdout)]
-    else:
-        host, port = "127.0.0.1", free_port()
-        process = spawn(other_server_command(kind, port), env)
-        logs = [Lines(process.stdout), Lines(process.stderr)]
-        # a connection, and no request: the test is that none is needed
-        wait_listening(process, port)
-    return SimpleNamespace(
-        process=process,
-        host=host,
-        port=port,
-        output=lambda: "".join(log.rest() for log in logs),
-    )
-
-
-def other_server_command(kind, port):
-    """The command docs/deploy.md gives for uWSGI, waitress, cheroot or werkzeug, on
-    this loopback port, with this Python's virtualenv and the commands it installed."""
-    table = (HERE / "docs" / "deploy.md").read_text()
-    row = re.search(rf"^\| {kind} \| `([^`]+)`", table, re.IGNORECASE | re.MULTILINE)
-    assert row, f"docs/deploy.md has no row for {kind}: change the test with it"
-    assert "127.0.0.1:8000" in row[1] or "'127.0.0.1', 8000" in row[1], row[1]
-    program, *args = shlex.split(row[1].replace("8000", str(port)))
-    scripts = Path(sysconfig.get_path("scripts"))
-    return [
-        sys.executable if program == "python" else scripts / program,
-        *(arg.replace("/path/to/venv", sys.prefix) for arg in args),
-    ]
-
-
 @pytest.mark.parametrize(
     ("kind", "database"),
     [
@@ -3797,18 +3389,6 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         20,
     )
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
-
-
-def processes_in_group(group):
-    """The process ids of a process group still running (a zombie has ended)."""
-    running = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):  # it ended meanwhile
-            # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
-            state, _, pgrp = stat.read_text().rpartition(")")[2].split()[:3]
-            if int(pgrp) == group and state != "Z":
-                running.append(int(stat.parent.name))
-    return running
 
 
 @pytest.mark.parametrize(
@@ -4721,178 +4301,6 @@ def test_log_lines_carry_no_query_string_and_no_token(served, capsys):
 
 # ---- Backups, restores and the move to PostgreSQL (docs/operations.md) ----
 
-OPERATIONS = HERE / "docs" / "operations.md"
-
-
-class Runbook:
-    """docs/operations.md's blocks of commands, run as written by bash, with the test's
-    own settings.
-
-    Each block under a `<!-- run: NAME -->` comment runs after the doc's settings block,
-    in which only the values are the test's: its `export`s stay as written, so a name
-    pgloader needs from the environment and the doc forgot to export fails here too.
-    """
-
-    def __init__(self, folder, **settings):
-        text = OPERATIONS.read_text()
-        self.blocks = dict(
-            re.findall(r"<!-- run: ([\w-]+) -->\n```sh\n(.*?)```\n", text, re.S)
-        )
-        block = re.search(r"<!-- settings -->\n```sh\n(.*?)```\n", text, re.S)[1]
-        assignment = re.compile(r"(export )?([A-Z_]+)=\S+( +#.*)?")
-        lines = block.splitlines()
-        assert all(assignment.fullmatch(line) for line in lines), (
-            "the settings block holds assignments alone"
-        )
-        assert sorted(assignment.fullmatch(line)[2] for line in lines) == sorted(
-            settings
-        ), "names the tests set"
-        self.settings_block = "".join(
-            f"{m[1] or ''}{m[2]}={shlex.quote(str(settings[m[2]]))}\n"
-            for m in map(assignment.fullmatch, lines)
-        )
-        self.folder, self.settings = folder, settings
-        self.env = {
-            k: v for k, v in environ_without_tokens().items() if not k.startswith("PG")
-        }
-
-    def script(self, name, **settings):
-        chosen = "".join(
-            f"{key}={shlex.quote(str(value))}\n" for key, value in settings.items()
-        )
-        return f"set -euo pipefail\n{self.settings_block}{chosen}{self.blocks[name]}"
-
-    # Debian's
-    PACKAGES = {
-        "sqlite3": "sqlite3",
-        "pgloader": "pgloader",
-        "psql": "postgresql-client",
-        "pg_dump": "postgresql-client",
-        "pg_restore": "postgresql-client",
-    }
-
-    def run(self, name, **settings):
-        """Run the block; return what it printed. It must exit 0."""
-        missing = {
-            package
-            for program, package in self.PACKAGES.items()
-            if re.search(rf"(?<![\w./-]){program} ", self.blocks[name])
-            and not shutil.which(program)
-        }
-        assert not missing, (
-            f"docs/operations.md's block {name} needs: apt-get install "
-            f"{' '.join(sorted(missing))}"
-        )
-        done = subprocess.run(
-            ["bash", "-c", self.script(name, **settings)],
-            cwd=self.folder,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=WAIT * 2,
-        )
-        assert done.returncode == 0, (
-            f"docs/operations.md, block {name}: {done.stdout}{done.stderr}"
-        )
-        return done.stdout
-
-    def start(self, spawn, name):
-        """Start the block, to be stopped with Ctrl-C (SIGINT): bash outlives it, as an
-        interactive shell does."""
-        return spawn(["bash", "-c", "trap : INT\n" + self.script(name)], self.env)
-
-
-@pytest.fixture
-def runbook(tmp_path):
-    """docs/operations.md's settings, for an SQLite file in tmp_path and the suite's
-    PostgreSQL (if used)."""
-    # as pip installs it: a command that runs plantstore
-    command = tmp_path / "plantstore"
-    command.write_text(
-        f"#!/bin/sh\nexec {shlex.join([sys.executable, str(HERE / 'plantstore.py')])} "
-        f'"$@"\n'
-    )
-    command.chmod(0o755)
-    port = free_port()  # a PostgreSQL that a test without one never reaches
-    settings = {
-        "SQLITE": tmp_path / "plants.sqlite3",
-        "PG": f"postgresql://plantstore@127.0.0.1:{port}/plantstore",
-        "PGPASSFILE": tmp_path / "pgpass",
-        "BACKUPS": tmp_path / "backups",
-        "PLANTSTORE": command,
-        "OLD_URL": "http://127.0.0.1:1/old",
-        "NEW_URL": "http://127.0.0.1:1/new",
-    }
-    return Runbook(tmp_path, **settings)
-
-
-class Creates:
-    """Threads that create plants over HTTP until stopped; `answered` lists, in turn,
-    each id answered 200."""
-
-    def __init__(self, host, port, threads=4):
-        self.answered, self.statuses, self._stop = (
-            [],
-            collections.Counter(),
-            threading.Event(),
-        )
-        ids = itertools.count(random.randrange(10**15))
-        self._threads = [
-            threading.Thread(target=self._create, args=(host, port, ids))
-            for _ in range(threads)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _create(self, host, port, ids):
-        while not self._stop.is_set():
-            plant_id = next(ids)
-            status = post_over_http(
-                host, port, TOKEN, {"id": plant_id, "name": f"steady {plant_id}"}
-            )[0]
-            self.statuses[status] += 1
-            if status == 200:
-                self.answered.append(plant_id)
-
-    def wait_for(self, count):
-        deadline = time.monotonic() + WAIT
-        while len(self.answered) < count:
-            assert time.monotonic() < deadline, (
-                f"{len(self.answered)} of {count} creates answered"
-            )
-            time.sleep(0.01)
-        return set(self.answered)
-
-    def stop(self):
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(WAIT)
-        return set(self.answered)
-
-
-def serve_plantstore(spawn, env):
-    """python plantstore.py on a free port; return the process, its address and its
-    stderr lines."""
-    process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
-    err = Lines(process.stderr)
-    return (
-        process,
-        *err.until(r"listening on http://([\d.]+):(\d+)/plants").groups(),
-        err,
-    )
-
-
-def stop_service(process):
-    os.killpg(process.pid, signal.SIGTERM)
-    assert process.wait(WAIT) == 0
-
-
-def listed_ids(host, port):
-    status, plants = over_http(host, port, TOKEN, "GET", "/plants")
-    assert status == 200
-    return [int(plant["name"].split()[1]) for plant in plants]
-
 
 def test_operations_sqlite_backup_amid_creates_restores_all_answered_before_it(
     runbook, spawn
@@ -4962,113 +4370,6 @@ def test_an_empty_tag_stays_an_empty_tag_with_webhooks_on_every_store(
 
 
 # ---- The command line and the module's configuration ----
-
-
-class Lines:
-    """Read a subprocess stream line by line in a thread, with a deadline on each
-    line."""
-
-    def __init__(self, stream):
-        self.queue = queue.Queue()
-        self.seen = []
-        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
-
-    def _pump(self, stream):
-        for line in stream:
-            self.queue.put(line)
-        self.queue.put(None)
-
-    def until(self, pattern):
-        """Return the first match of pattern in the lines to come; fail at EOF or after
-        WAIT seconds."""
-        while True:
-            line = self.queue.get(timeout=WAIT)
-            assert line is not None, f"stream ended before {pattern!r}; saw {self.seen}"
-            self.seen.append(line)
-            if match := re.search(pattern, line):
-                return match
-
-    def rest(self):
-        while (line := self.queue.get(timeout=WAIT)) is not None:
-            self.seen.append(line)
-        return "".join(self.seen)
-
-
-def environ_without_tokens(**extra):
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PLANTSTORE_TOKENS", "PLANTSTORE_DB", "WEB_CONCURRENCY")
-    }
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
-
-
-@pytest.fixture
-def spawn():
-    """Start subprocesses in this folder; always kill the ones still running."""
-    processes = []
-
-    def start(args, env):
-        process = subprocess.Popen(
-            args,
-            cwd=HERE,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        processes.append(process)
-        return process
-
-    start.processes = processes
-    yield start
-    for process in processes:
-        # the process and any workers it forked; once the process is reaped and its
-        # workers are gone, the group's number may be another program's
-        if process.returncode is None or processes_in_group(process.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.wait(WAIT)
-        process.stdout.close()
-        process.stderr.close()
-
-
-def post_over_http(host, port, token, document):
-    return over_http(host, port, token, "POST", "/plants", document)
-
-
-def over_http(host, port, token, method, path, document=None):
-    """Send one request; return (status, decoded JSON body or None)."""
-    status, _, body = exchange(host, port, method, path, document, token=token)
-    return status, body
-
-
-def exchange(host, port, method, path, document=None, *, token=TOKEN, headers=None):
-    """Send one request; return (status, headers, decoded JSON body or None)."""
-    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
-    try:
-        body = None if document is None else json.dumps(document)
-        connection.request(
-            method,
-            path,
-            body,
-            {
-                "Content-Type": "application/json",
-                "Authorization": f"Bearer {token}",
-                **(headers or {}),
-            },
-        )
-        response = connection.getresponse()
-        data = response.read()
-        return (
-            response.status,
-            dict(response.getheaders()),
-            json.loads(data) if data else None,
-        )
-    finally:
-        connection.close()
 
 
 def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spawn):
@@ -5304,23 +4605,6 @@ def test_unknown_module_attributes_still_raise_attribute_error():
 
 # ---- Settings that mean what they say, and secrets that never show ----
 
-# The password in the issue's six spellings; the last one cannot be read, the others are
-# served.
-SECRET_SPELLINGS = {
-    "user-info": "postgresql://plant:s3cr3t-pw@db.example:5432/plants",
-    "query": "postgresql://plant@db.example:5432/plants?password=s3cr3t-pw",
-    "sslpassword": "postgresql://plant@db.example:5432/plants?sslpassword=s3cr3t-pw",
-    "keyword-value": (
-        "host=db.example port=5432 user=plant password=s3cr3t-pw dbname=plants"
-    ),
-    "percent-encoded": "postgresql://plant:%73%33cr3t-pw@db.example:5432/plants",
-    "malformed": "postgresql://plant:s3cr3t-pw%zz@db.example:5432/plants",
-}
-
-
-def assert_secret_kept(text):
-    assert "s3cr3t" not in text and "%73%33cr3t" not in text
-
 
 @pytest.mark.parametrize(
     "value, path",
@@ -5511,32 +4795,6 @@ def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name,
 # ---- python plantstore.py, as a new user runs it ----
 
 
-def run_plantstore(tmp_path, **settings):
-    """Start python plantstore.py in tmp_path; return its exit code (None: it serves)
-    and lines."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
-    process = subprocess.Popen(
-        [sys.executable, HERE / "plantstore.py", "--port", "0"],
-        cwd=tmp_path,
-        env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_TOKENS": TOKEN, **settings},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        lines, err = [], Lines(process.stderr)
-        while not lines or "listening on" not in lines[-1]:
-            line = err.queue.get(timeout=WAIT)
-            if line is None:
-                return process.wait(WAIT), lines
-            lines.append(line)
-        return None, lines
-    finally:
-        process.kill()
-        process.wait(WAIT)  # the reading thread then meets the end of the stream
-
-
 MORE_REFUSED = {
     "mysql": "mysql://plant:s3cr3t-pw@h/plants",
     "notaport": "POSTGRESQL://plant:s3cr3t-pw@127.0.0.1:notaport/plants",
@@ -5639,72 +4897,6 @@ def test_gunicorn_refuses_to_boot_without_tokens(spawn):
 
 
 # ---- nginx in front of gunicorn, with the shipped deploy/nginx.conf ----
-
-
-def nginx_binary():
-    found = shutil.which("nginx") or next(
-        (path for path in ("/usr/sbin/nginx",) if os.path.exists(path)), None
-    )
-    assert found, (
-        "nginx is not installed: apt-get install nginx-light (.ci/run does it)"
-    )
-    return found
-
-
-def start_nginx(spawn, folder, upstreams, logged=""):
-    """nginx with the shipped deploy/nginx.conf, its ports and paths substituted, in
-    front of the gunicorns at `upstreams` (host:port, one or two); `logged`: http-level
-    lines the test adds. Return its loopback port."""
-    port = free_port()
-    config = (HERE / "deploy" / "nginx.conf").read_text()
-    substitutions = [
-        # workers as the test's own user
-        ("user www-data;", "user root;" if os.geteuid() == 0 else ""),
-        ("pid /run/nginx.pid;", f"pid {folder}/nginx.pid;"),
-        ("/var/log/nginx/", f"{folder}/"),
-        ("listen 80 default_server;", f"listen 127.0.0.1:{port} default_server;"),
-        ("server 127.0.0.1:8000 ", f"server {upstreams[0]} "),
-        *(
-            [("# server 10.0.0.2:8000 ", f"server {upstreams[1]} ")]
-            if len(upstreams) > 1
-            else []
-        ),
-        (
-            "http {",
-            f"http {{\n    client_body_temp_path {folder}/body;"
-            f" proxy_temp_path {folder}/proxy;\n{logged}",
-        ),
-    ]
-    for shipped, local in substitutions:
-        assert shipped in config, (
-            f"deploy/nginx.conf no longer has {shipped!r}: change the test with it"
-        )
-        config = config.replace(shipped, local)
-    (folder / "nginx.conf").write_text(config)
-    nginx = spawn(
-        [
-            nginx_binary(),
-            "-p",
-            str(folder),
-            "-c",
-            str(folder / "nginx.conf"),
-            "-e",
-            str(folder / "error.log"),
-            "-g",
-            "daemon off;",
-        ],
-        environ_without_tokens(),
-    )
-    deadline = time.monotonic() + WAIT
-    while True:
-        assert nginx.poll() is None, (
-            f"nginx did not start: {(folder / 'error.log').read_text()}"
-        )
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return port
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -5895,68 +5087,6 @@ def test_nginx_keeps_query_strings_out_of_its_access_log(nginx_in_front):
 
 
 # ---- granian, the other production server, with deploy/plantstore-granian.service ----
-
-
-def granian_recipe(store):
-    """granian's flags from deploy/plantstore-granian.service: its ExecStart (memory),
-    or a commented one."""
-    unit = (HERE / "deploy" / "plantstore-granian.service").read_text()
-    lines = {
-        "memory": r"^ExecStart=\S*granian (.*) plantstore:app$",
-        "sqlite": r"^#\s*SQLite:\s*ExecStart=\S*granian (.*) plantstore:app$",
-        "postgres": r"^#\s*PostgreSQL:\s*ExecStart=\S*granian (.*) plantstore:app$",
-    }
-    match = re.search(lines[store], unit, re.MULTILINE)
-    assert match, (
-        f"deploy/plantstore-granian.service has no {store} ExecStart line: "
-        f"change the test with it"
-    )
-    flags = match[1].split()
-    assert flags[flags.index("--host") + 1] == "127.0.0.1" and "--port" in flags
-    return flags
-
-
-def granian_command(store, port=None):
-    """The command line of the recipe for that store, on a free loopback port (or the
-    one given)."""
-    flags = granian_recipe(store)
-    flags[flags.index("--port") + 1] = str(port or free_port())
-    return [sys.executable, "-m", "granian", *flags, "plantstore:app"]
-
-
-def start_granian(spawn, env, store="memory"):
-    """granian with the recipe's flags on a free loopback port; return it once every
-    worker has started.
-
-    The answer has the process, its port, its log (granian logs to stdout; Python's
-    tracebacks go to stderr) and its workers' process ids.
-    """
-    command = granian_command(store)
-    process = spawn(command, env)
-    port = int(command[command.index("--port") + 1])
-    log = Lines(process.stdout)
-    workers = int(command[command.index("--workers") + 1])
-    pids, started = {}, set()
-    while len(started) < workers:  # each worker's runtime is up: it accepts connections
-        spawned, pid, ready = log.until(
-            r"Spawning worker-(\d+) with PID: (\d+)|Started worker-(\d+) runtime"
-        ).groups()
-        if spawned:
-            pids[int(spawned)] = int(pid)
-        else:
-            started.add(int(ready))
-    deadline = time.monotonic() + WAIT
-    while True:  # and the socket listens
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=WAIT).close()
-            break
-        assert process.poll() is None and time.monotonic() < deadline, (
-            f"granian is not listening: {log.seen}"
-        )
-        time.sleep(0.05)
-    return SimpleNamespace(
-        process=process, port=port, log=log, pids=[pids[n] for n in sorted(pids)]
-    )
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """Tests for plantstore_postgres: the PostgreSQL store and its settings, against a real
 PostgreSQL 15, under the servers, and on hosts of its own.
 
-The suite's PostgreSQL, the fixtures and the helpers are test_plantstore.py's, and so
-are the tests every store passes, PostgreSQL included."""
+The suite's PostgreSQL, the servers and the helpers both test files use are
+testbed.py's, and the fixtures conftest.py's; the tests every store passes, PostgreSQL
+included, are test_plantstore.py's."""
 
 import concurrent.futures
 import collections
@@ -37,7 +38,7 @@ import plantstore
 import plantstore_postgres
 from plantstore_postgres import PostgresStore
 from plantstore import INT64_MAX, INT64_MIN, SQLiteStore, make_app
-from test_plantstore import (
+from testbed import (
     AUTH,
     HERE,
     SECRET,
@@ -68,16 +69,6 @@ from test_plantstore import (
     stop_service,
     stored_plants,
     wait_until,
-)
-
-# test_plantstore.py's fixtures, named here with `as`: pytest finds a test's fixtures
-# among its module's names.
-from test_plantstore import (
-    pg_url as pg_url,
-    postgres as postgres,
-    receiver as receiver,
-    runbook as runbook,
-    spawn as spawn,
 )
 
 

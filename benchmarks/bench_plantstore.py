@@ -803,7 +803,7 @@ def bench_durable(
     import psycopg
 
     # the tests' own: initdb and pg_ctl in a temporary folder
-    from test_plantstore import Postgres
+    from testbed import Postgres
 
     postgres = Postgres(durable=True)
     script = os.path.join(workdir, "creates.lua")

@@ -115,7 +115,7 @@ def main():
     if args.which == "memory":
         candidates = {label: (flags, None) for label, flags in MEMORY.items()}
     else:
-        from test_plantstore import Postgres
+        from testbed import Postgres
 
         postgres = Postgres(durable=True)
         candidates = {}

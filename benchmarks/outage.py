@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
 
-from test_plantstore import Lines, Postgres, cluster_pids  # noqa: E402
+from testbed import Lines, Postgres, cluster_pids  # noqa: E402
 
 TOKEN = "outage-token-1-a7Qm9xZ2"
 CLIENTS = 32
