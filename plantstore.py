@@ -678,6 +678,7 @@ class SQLStore(Store):
     BATCH, BATCH_BYTES = 64, 2**20
     ONE_STATEMENT = False  # whether insert() writes a batch in one statement
     schema = ()  # the statements that make the tables, in the engine's own DDL
+    UPGRADE = INDEXES = ()  # what 1.3.0's tables lack, and the indexes made after it
     outages = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, shown):
@@ -941,9 +942,16 @@ class SQLStore(Store):
         return db.execute(sql, parameters)
 
     def setup(self, run_sql):
-        """Make the tables unless they exist; refuse a 'plants' table plantstore did not
-        make. run_sql(sql) runs one statement and returns its cursor."""
+        """Make the tables unless they exist, upgrade those of 1.3.0, and refuse a
+        'plants' table plantstore did not make. run_sql(sql) runs one statement and
+        returns its cursor."""
         for statement in self.schema:
+            run_sql(statement)
+        events = run_sql("SELECT * FROM plant_events LIMIT 0").description
+        if "created" not in [column[0] for column in events]:
+            for statement in self.UPGRADE:
+                run_sql(statement)
+        for statement in self.INDEXES:  # on columns an upgrade may have added
             run_sql(statement)
         rows = run_sql("SELECT * FROM plants LIMIT 0")
         if [column[0] for column in rows.description] != ["seq", "id", "name", "tag"]:
@@ -1015,7 +1023,7 @@ class SQLiteStore(SQLStore):
         " (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
         " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BLOB NOT NULL,"
         " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
-        " lease REAL NOT NULL DEFAULT 0)"
+        " lease REAL NOT NULL DEFAULT 0, created REAL)"
     )
     # readers and a writer at once; kept in the file
     schema = (
@@ -1025,8 +1033,20 @@ class SQLiteStore(SQLStore):
         EVENTS,
         "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
     )
+    # what /metrics counts, read from this index alone: fast at a million events
+    INDEXES = (
+        "CREATE INDEX IF NOT EXISTS plant_events_receivers"
+        " ON plant_events (url, attempts, created)",
+    )
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
     outages = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
+    # 1.3.0's outbox had no `created`: its events' age counts from the upgrade
+    UPGRADE = (
+        "BEGIN IMMEDIATE",
+        "ALTER TABLE plant_events ADD COLUMN created REAL",
+        "UPDATE plant_events SET created = (julianday('now') - 2440587.5) * 86400",
+        "COMMIT",
+    )
 
     def __init__(self, path):
         self.path = os.path.abspath(path)
@@ -1265,8 +1285,8 @@ class WebhookSender:
     LEASE_SECONDS = TIMEOUT + 2
 
     EVENT = (
-        "INSERT INTO plant_events (url, webhook_id, body, next_at)"
-        " VALUES (:url, :webhook_id, :body, 0)"
+        "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
+        " VALUES (:url, :webhook_id, :body, 0, :created)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
     # the URL's due events, or its oldest, due or not, to probe a silent receiver.
@@ -1358,6 +1378,7 @@ class WebhookSender:
                 url=url,
                 webhook_id=f"msg_{secrets.token_urlsafe(18)}",
                 body=body,
+                created=time.time(),
             )
 
     def _loop(self):
@@ -1596,6 +1617,82 @@ def webhook_secret_key(secret):
     return key
 
 
+# ---- Metrics: what an operator watches, for Prometheus ----
+
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus's text format
+# by receiver: the events waiting, those whose last attempt failed, the oldest's birth
+RECEIVERS = (
+    "SELECT url, count(*), count(*) FILTER (WHERE attempts > 0), min(created)"
+    " FROM plant_events GROUP BY url"
+)
+METRICS = """\
+# HELP plantstore_info The version of plantstore that answered this scrape.
+# TYPE plantstore_info gauge
+plantstore_info{{version="{version}"}} 1
+# HELP plantstore_database_up Whether this scrape's query of the store answered in time.
+# TYPE plantstore_database_up gauge
+plantstore_database_up {up}
+# HELP plantstore_database_query_seconds How long this scrape's query of the store took.
+# TYPE plantstore_database_query_seconds gauge
+plantstore_database_query_seconds {seconds:.6f}
+# HELP plantstore_webhook_events_waiting Webhook events not yet delivered, by receiver.
+# TYPE plantstore_webhook_events_waiting gauge
+{waiting}\
+# HELP plantstore_webhook_events_failing Waiting events whose last attempt failed.
+# TYPE plantstore_webhook_events_failing gauge
+{failing}\
+# HELP plantstore_webhook_oldest_event_age_seconds Since the oldest waiting event's \
+plant was created.
+# TYPE plantstore_webhook_oldest_event_age_seconds gauge
+{age}"""
+
+
+def serve_metrics(application, outbox, urls):
+    """Serve GET /metrics, with a token: figures of the whole service, not of the
+    process that answers, which a load balancer picks. They come from one query of the
+    outbox every process shares (outbox(sql) runs it; None: no outbox), bounded like
+    /health. A receiver is named by its origin alone (its path or query may hold a
+    secret); each of `urls`, those configured, shows 0 when none of its events wait.
+    Counts and times of requests come from the server in front (docs/deploy.md)."""
+
+    def read_metrics(_environ, _):
+        started, up = time.monotonic(), 1
+        try:
+            rows = outbox(RECEIVERS) if outbox else []
+        except HTTPError:  # the database is away, or did not answer in time
+            rows, up = [], 0
+        seconds, now = time.monotonic() - started, time.time()
+        waiting, failing = collections.Counter(), collections.Counter()  # by origin
+        waiting.update(dict.fromkeys(map(_origin, urls), 0))
+        oldest = {}
+        for url, count, failed, created in rows:
+            waiting[_origin(url)] += count
+            failing[_origin(url)] += failed
+            # created is None for an event written by 1.3.0 after a rollback
+            oldest[_origin(url)] = min(oldest.get(_origin(url), now), created or now)
+
+        def series(name, figures):  # a line for each receiver
+            return "".join(
+                f"plantstore_webhook_{name}{{receiver={_quote(origin)}}} {figure}\n"
+                for origin, figure in figures.items()
+            )
+
+        text = METRICS.format(
+            version=__version__,
+            up=up,
+            seconds=seconds,
+            waiting=series("events_waiting", waiting),
+            failing=series("events_failing", {o: failing[o] for o in waiting}),
+            age=series(
+                "oldest_event_age_seconds",
+                {o: f"{now - oldest.get(o, now):.3f}" for o in waiting},
+            ),
+        )
+        return 200, text.encode(), [("Content-Type", METRICS_TYPE)]
+
+    application.route("GET", "/metrics", read_metrics, "getMetrics")
+
+
 # ---- CORS: browser pages of other origins, as a wrapper the core never sees ----
 
 
@@ -1670,7 +1767,7 @@ OPENAPI = json.loads(
   },
   "tags": [
     {"name": "plants", "description": "The plants in the store"},
-    {"name": "service", "description": "About the service itself; no token needed"}
+    {"name": "service", "description": "About the service itself"}
   ],
   "security": [{"bearerAuth": []}],
   "paths": {
@@ -1804,6 +1901,20 @@ OPENAPI = json.loads(
           },
           "500": {"$ref": "#/components/responses/Error500"},
           "503": {"$ref": "#/components/responses/Error503"}
+        }
+      }
+    },
+    "/metrics": {
+      "get": {
+        "tags": ["service"],
+        "summary": "Read the service's figures, for Prometheus",
+        "description": "The same from every process: read from the store they share",
+        "responses": {
+          "200": {
+            "description": "Prometheus's text format 0.0.4",
+            "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}}
+          },
+          "401": {"$ref": "#/components/responses/Error401"}
         }
       }
     }
@@ -2135,7 +2246,6 @@ def make_app(
     origins (https://example.org) whose browser pages may call it (see with_cors).
     """
     application = Application(tokens, store, max_body_bytes)
-    serve_document(application)
     served, sender = application, None
     webhook_urls = (
         [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
@@ -2147,6 +2257,14 @@ def make_app(
     if webhook_urls:  # it starts sending now (see "Background work")
         sender = WebhookSender(webhook_urls, webhook_secret, application.store)
         application.on_create = sender.notify
+    store = application.store
+    outbox = sender and sender.outbox  # bounded like /health, whatever the store:
+    if isinstance(store, SQLStore):
+        outbox = lambda sql: store.session(  # noqa: E731 (a one-line query)
+            lambda run: run(sql), wait=HEALTH_WAIT_SECONDS
+        )
+    serve_metrics(application, outbox, webhook_urls)
+    serve_document(application)  # last: it lists every route
     if cors_origins:
         served = with_cors(served, cors_origins)
     served.webhook_sender, served.store = sender, application.store

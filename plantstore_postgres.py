@@ -50,12 +50,13 @@ class PostgresStore(SQLStore):
         " (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
         " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
         " attempts INTEGER NOT NULL DEFAULT 0, next_at DOUBLE PRECISION NOT NULL,"
-        " lease DOUBLE PRECISION NOT NULL DEFAULT 0)"
+        " lease DOUBLE PRECISION NOT NULL DEFAULT 0, created DOUBLE PRECISION)"
     )
     # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
     # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
     # for CREATE on the schema even when the table exists: a role given the tables must
-    # not try to make them.
+    # not try to make them, nor to upgrade them (1.3.0's outbox had no `created`: its
+    # events' age counts from the upgrade).
     schema = (
         "BEGIN",
         "SELECT pg_advisory_xact_lock(7274)",
@@ -63,7 +64,10 @@ class PostgresStore(SQLStore):
         " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
         " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
         f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
-        " END IF; END $$",
+        " END IF; IF NOT EXISTS (SELECT FROM pg_attribute WHERE attname = 'created'"
+        " AND attrelid = 'plant_events'::regclass) THEN"
+        " ALTER TABLE plant_events ADD COLUMN created DOUBLE PRECISION;"
+        " UPDATE plant_events SET created = extract(epoch FROM now()); END IF; END $$",
         "COMMIT",
     )
     # libpq's settings unless the URL gives its own: a host that goes silent fails in
