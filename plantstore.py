@@ -55,6 +55,7 @@ import fcntl
 import hashlib
 import hmac
 import http.client
+import math
 import os
 import secrets
 import signal
@@ -642,6 +643,112 @@ def _log(message):
     print(f"plantstore: {message}", file=sys.stderr, flush=True)
 
 
+# ---- Background work: plantstore's threads, by one rule ----
+#
+# A thread of plantstore's (the webhook sender, PostgreSQL's watchdog) belongs to the
+# process that started it, and so does all it uses: a process that finds no state of
+# its own makes it anew (this_process), and never touches a thread, lock, socket or
+# connection of the process it was forked from. The sender starts when the app is
+# built, so it sends with no request needed; in a fork's child, CHILD_DELAY seconds
+# later or at the child's first create, so a child that serves nothing and ends soon
+# takes nothing. A fork waits on no database: a thread that uses SQLite, whose open
+# files' state a child would inherit half-changed, stops before it and starts again
+# after, and each of its waits ends within BACKGROUND_WAIT; a thread that waits only on
+# sockets (PostgreSQL) goes on. A thread ends with the process that it serves: once
+# the main thread and every other thread that is no daemon and not plantstore's have
+# ended (a server's stop, or an embedding program's end), it frees what it holds, and
+# the process's exit waits for that, a second at most.
+
+BACKGROUND_WAIT = 1  # seconds a background thread waits on its database, at most
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP}
+
+
+def this_process(owner, make):
+    """owner's state in this process: what make() gave here, or, if this process has
+    none yet (a fork's child), what it gives now."""
+    pid, state = getattr(owner, "_process", (None, None))
+    if pid != os.getpid():
+        state = make()
+        owner._process = os.getpid(), state
+    return state
+
+
+class Background:
+    """A thread of this process that runs loop() until pause() says stop, kept by the
+    rule above: prepare() makes the process's state before it starts; wake() ends a
+    pause; start() and stop() come in turn. A fork stops it first, unless
+    stops_for_fork is false; a fork's child starts it child_delay seconds late."""
+
+    threads = weakref.WeakSet()  # plantstore's own, which a thread's end waits for not
+
+    def __init__(self, name, loop, prepare=None, *, stops_for_fork, child_delay=0):
+        self.name, self.loop, self.prepare = name, loop, prepare or (lambda: None)
+        self.stops_for_fork, self.child_delay = stops_for_fork, child_delay
+        self._thread, self.stopping, self._wake = None, False, threading.Event()
+        self._resume = False  # whether it ran when a fork came
+        me = weakref.ref(self)  # the hooks outlive a Background no longer used
+        os.register_at_fork(
+            before=lambda: me() and me()._before_fork(),
+            after_in_parent=lambda: me() and me()._after_fork(child=False),
+            after_in_child=lambda: me() and me()._after_fork(child=True),
+        )
+
+    def running(self):
+        return bool(self._thread and self._thread.is_alive())
+
+    def start(self, delay=0):
+        """Start the thread, its first round `delay` seconds late (or at a wake())."""
+        if not self.running():
+            self.prepare()  # before the thread, and before a fork's child serves
+            self.stopping, self._wake = False, threading.Event()
+            self._thread = threading.Thread(
+                target=self._run, args=(delay,), name=self.name
+            )
+            self.threads.add(self._thread)
+            # A stop's signals go to another thread, the main one: a server's handler
+            # that ends the interpreter (uWSGI's) would wait here for this thread.
+            # The thread's own threads take its mask.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                self._thread.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def stop(self):
+        if self.running():
+            self.stopping = True
+            self._wake.set()
+            self._thread.join()
+
+    def pause(self, seconds):
+        """Wait up to `seconds`, or until wake(); then whether to go on: not after
+        stop(), nor once the process it serves is ending (see the rule above)."""
+        if self._wake.wait(seconds):
+            self._wake.clear()
+        return not self.stopping and any(
+            thread.is_alive() and not thread.daemon and thread not in self.threads
+            for thread in threading.enumerate()
+        )
+
+    def _run(self, delay):
+        if self.pause(delay):
+            self.loop()
+
+    def wake(self):
+        self._wake.set()
+
+    def _before_fork(self):
+        self._resume = self.running()
+        if self.stops_for_fork:
+            self.stop()
+
+    def _after_fork(self, child):
+        if self._resume and child:
+            self.start(self.child_delay)
+        elif self._resume and self.stops_for_fork:
+            self.start()
+
+
 # ---- The SQL stores: the SQL once, SQLite here, PostgreSQL in plantstore_postgres.py
 
 
@@ -677,6 +784,8 @@ class SQLStore(Store):
     # the most creates, and bytes of names and tags, in one commit
     BATCH, BATCH_BYTES = 64, 2**20
     ONE_STATEMENT = False  # whether insert() writes a batch in one statement
+    # whether a background thread using it stops before a fork (see Background work)
+    STOPS_FOR_FORK = True
     schema = ()  # the statements that make the tables, in the engine's own DDL
     UPGRADE = INDEXES = ()  # what 1.3.0's tables lack, and the indexes made after it
     outages = ()  # the driver's exceptions that mean "the database is away"
@@ -722,21 +831,11 @@ class SQLStore(Store):
         here, create = self._here(), _Create(plant_id, name, tag)
         with here.turn:
             here.queue.append(create)
-        while not create.done():
+        while True:
             with here.turn:
-                # Another thread writes a batch. While it tries a database found away,
-                # this create does not wait for it too (see session()).
-                while here.writing and not create.done():
-                    late = here.failed[True] is not None or not here.turn.wait(
-                        create.deadline - time.monotonic()
-                    )
-                    if late and create.cancel():  # in no batch: never written
-                        raise unavailable("the database")
-                    if late:  # in the batch being written: its answer comes
-                        break
-                if create.done() or create.running():
-                    break
-                here.writing, batch = True, self._next_batch(here.queue)
+                batch = self._turn(here, create)
+            if batch is None:  # this create is in a batch, written or being written
+                return create.result()  # a failed batch raises its 503 here
             try:
                 self._write_batch(batch)
             finally:
@@ -744,7 +843,23 @@ class SQLStore(Store):
                     here.writing = False
                     # its creates are answered; another may write
                     here.turn.notify_all()
-        return create.result()  # a failed batch raises its 503 here
+
+    def _turn(self, here, create):
+        """With here.turn held: wait while another thread writes a batch, then take the
+        next batch to write, or None once this create is in one. A create still queued
+        at its deadline, or while a write found the database away (see _Breaker), is a
+        503 at once: it will never be written."""
+        while here.writing and not create.done():
+            if here.writes.opened is not None or not here.turn.wait(
+                create.deadline - time.monotonic()
+            ):
+                if create.cancel():  # still queued, so taken out
+                    raise unavailable("the database")
+                return None  # in the batch being written: its answer will come
+        if create.done() or create.running():
+            return None
+        here.writing = True
+        return self._next_batch(here.queue)
 
     def _next_batch(self, queue):
         """The creates queued now, oldest first, within the bounds, still waited for."""
@@ -836,36 +951,26 @@ class SQLStore(Store):
             lambda run: run(sql, **parameters), write=not sql.startswith("SELECT")
         )
 
-    def session(self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS):
+    def session(
+        self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS, **how
+    ):
         """Return work(run) on a connection of this process, in one transaction if
         asked, where run(sql, **parameters) runs one statement and returns its rows.
         All of it, connecting included, ends within `wait` seconds, or answers 503.
 
-        Once a wait found the database away (silent, or locked past the bound; a
-        refusal comes at once anyway), the others do not wait for it too: for
-        RETRY_AFTER seconds none tries it, then one request at a time does while the
-        others answer 503 at once, until one finds it back (a circuit breaker: open,
-        then half-open). Reads and writes apart: a table locked elsewhere stops writes.
-        """
+        A request's session passes this process's breaker for reads, or for writes
+        (_Breaker), and an outage it finds is logged once. A background thread's
+        (background=True) does neither: it must not turn requests away, and it says
+        what it waits for itself."""
+        if how.pop("background", False):
+            return self._session(work, write, transaction, wait)
         here = self._here()
-        failed = here.failed[write]  # when a wait last found it away; None: it answered
-        trying = failed is not None and here.trying[write]
-        if trying and (
-            time.monotonic() < failed + RETRY_AFTER
-            or not trying.acquire(blocking=False)
-        ):
-            raise unavailable("the database")  # known away: not tried, or tried by one
-        started = time.monotonic()
-        try:
-            result = self._session(work, write, transaction, wait)
-        except HTTPError:
-            if time.monotonic() - started > 1:  # a wait, not a refusal at once
-                here.failed[write] = time.monotonic()
-            raise
-        finally:
-            if trying:
-                trying.release()
-        here.failed[write] = None
+        with here.writes.passing() if write else here.reads.passing():
+            try:
+                result = self._session(work, write, transaction, wait)
+            except HTTPError as error:
+                self._outage(error.__cause__)
+                raise
         if self._outage_said:
             self._outage_said = False
             _log(f"the {self.shown} is reachable again")
@@ -881,12 +986,13 @@ class SQLStore(Store):
                     with self._connection(started + wait) as (db, reused):
                         return self._work(db, work, transaction, started + wait)
             except self.outages as error:
-                self._outage(error)
+                late = time.monotonic() - started
                 # A read that failed at once on a connection made before an outage is
                 # tried again on a new one; a write never is: it may have been done.
-                stale = reused and time.monotonic() - started < 1
-                if write or not stale or attempt == 2:
-                    raise unavailable("the database") from None
+                if write or not reused or late > 1 or attempt == 2:
+                    cut = late >= wait  # at its bound: said so, not how it was cut
+                    cause = TimeoutError(f"no answer in {wait} s") if cut else error
+                    raise unavailable("the database") from cause
 
     @contextlib.contextmanager
     def _connection(self, deadline):
@@ -971,8 +1077,9 @@ class SQLStore(Store):
             db.close()
 
     def _outage(self, error):
-        """Say once per outage that the database is away."""
-        if not self._outage_said:
+        """Say once per outage that the database is away (error: None, if it is not:
+        every connection was busy)."""
+        if error is not None and not self._outage_said:
             self._outage_said = True
             _log(f"the {self.shown} is unavailable: {self.describe(error)}")
 
@@ -980,12 +1087,15 @@ class SQLStore(Store):
         return str(error).splitlines()[0] if str(error) else type(error).__name__
 
     def close(self):
-        """Close the connections this process holds idle."""
-        here = self._here()
+        """Close what this process holds idle: its connections, and SQLite's writers'
+        lock file; a later use opens them anew."""
+        here, self._process = self._here(), (None, None)
         with here.lock:
             idle, here.idle = here.idle, []
         for db in idle:
             self._close(db)
+        if here.writers:
+            here.writers.close()
 
 
 class _Create(concurrent.futures.Future):
@@ -999,6 +1109,39 @@ class _Create(concurrent.futures.Future):
         self.deadline = time.monotonic() + DB_WAIT_SECONDS
 
 
+class _Breaker:
+    """A circuit breaker for the requests of one process, for reads or for writes (a
+    table locked elsewhere stops writes only). Once a wait found the database away
+    (silent, or locked past the bound; a refusal comes at once anyway), the others do
+    not wait for it too: for RETRY_AFTER seconds no request tries it, then one at a
+    time does, while the others answer 503 at once, until one finds it back."""
+
+    def __init__(self):
+        self.opened = None  # when a wait last found the database away; None: closed
+        self.trier = threading.Lock()  # held by the one request that tries it then
+
+    @contextlib.contextmanager
+    def passing(self):
+        """Run the block, unless the database is known away: then a 503 at once."""
+        opened = self.opened
+        if opened is not None and (
+            time.monotonic() < opened + RETRY_AFTER
+            or not self.trier.acquire(blocking=False)
+        ):
+            raise unavailable("the database")
+        started = time.monotonic()
+        try:
+            yield
+            self.opened = None
+        except HTTPError:
+            if time.monotonic() - started > 1:  # a wait, not a refusal at once
+                self.opened = time.monotonic()
+            raise
+        finally:
+            if opened is not None:
+                self.trier.release()
+
+
 class _Here:
     """What a SQL store holds in one process: its connections, creates and locks."""
 
@@ -1010,9 +1153,7 @@ class _Here:
         self.turn = threading.Condition()  # guards queue and writing
         self.queue, self.writing = collections.deque(), False  # creates to write
         self.writers = writers  # the lock a writer holds, shared with other processes
-        # for reads and writes: when the last wait found the database away (None: it
-        # answered since), and the lock of the one request that tries it meanwhile
-        self.failed, self.trying = [None, None], [threading.Lock(), threading.Lock()]
+        self.reads, self.writes = _Breaker(), _Breaker()  # the requests'
 
 
 class SQLiteStore(SQLStore):
@@ -1156,6 +1297,9 @@ class _WriterLock:
         finally:
             self._thread_lock.release()
 
+    def close(self):
+        os.close(self._fd)
+
     def _flock(self, operation):
         try:
             fcntl.flock(self._fd, operation)
@@ -1174,84 +1318,6 @@ def _text(data):
 
 
 # ---- Webhooks: each new plant, signed and retried, from threads of its own ----
-#
-# Background work, by one rule. A thread of plantstore's (the webhook sender, the
-# PostgreSQL watchdog) belongs to the process that runs it, and so does what it uses:
-# a process that finds no state of its own makes it anew (this_process), and never
-# touches a thread, lock, socket or connection of the process it was forked from. The
-# sender starts when the app is built. Before a fork each thread stops; after it, it
-# starts again in the parent and in the child (os.register_at_fork), so it runs with
-# no request needed whether a server builds the app where it serves or forks after.
-# A thread ends when the process's main thread has ended, and frees what it held.
-
-
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP}
-
-
-def this_process(owner, make):
-    """owner's state in this process: what make() gave here, or, if this process has
-    none yet (a fork's child), what it gives now."""
-    pid, state = getattr(owner, "_process", (None, None))
-    if pid != os.getpid():
-        state = make()
-        owner._process = os.getpid(), state
-    return state
-
-
-class Background:
-    """A thread of this process that runs loop() until going() says no, kept by the
-    rule above; prepare() makes the process's state first. wake() cuts short the wait
-    of going(); start() and stop() come in turn."""
-
-    def __init__(self, name, loop, prepare=lambda: None):
-        self.name, self.loop, self.prepare = name, loop, prepare
-        self._thread, self._stopping, self._wake = None, False, threading.Event()
-        me = weakref.ref(self)  # the hooks outlive a Background no longer used
-        os.register_at_fork(
-            before=lambda: me() and me()._fork(),
-            after_in_parent=lambda: me() and me()._forked(),
-            after_in_child=lambda: me() and me()._forked(),
-        )
-
-    def running(self):
-        return bool(self._thread and self._thread.is_alive())
-
-    def start(self):
-        if not self.running():
-            self.prepare()  # before the thread, and before a fork's child serves
-            self._stopping, self._wake = False, threading.Event()
-            self._thread = threading.Thread(target=self.loop, name=self.name)
-            # A stop's signals go to another thread, the main one: a server's handler
-            # that ends the interpreter (uWSGI's) would wait here for this thread.
-            # The thread's own threads take its mask.
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-            try:
-                self._thread.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-    def stop(self):
-        if self.running():
-            self._stopping = True
-            self._wake.set()
-            self._thread.join()
-
-    def going(self, seconds=0):
-        """Wait up to `seconds` for a wake(); whether the thread is to go on."""
-        if self._wake.wait(seconds):
-            self._wake.clear()
-        return threading.main_thread().is_alive() and not self._stopping
-
-    def wake(self):
-        self._wake.set()
-
-    def _fork(self):
-        self._resume = self.running()
-        self.stop()
-
-    def _forked(self):
-        if self._resume:
-            self.start()
 
 
 class WebhookSender:
@@ -1270,11 +1336,13 @@ class WebhookSender:
     POSTs it; each attempt is cut after TIMEOUT seconds, whatever the receiver does, so
     a slow receiver holds up no other, and no create waits for any. A failed attempt is
     retried on SCHEDULE, with jitter. While a receiver gives no answer (or its gateway
-    answers 502-504), its oldest event alone is tried, every PROBE_SECONDS; once one
-    gets through, the others follow at once. A URL no longer configured gets nothing
-    more: its events are dropped. One that answers 410 gets nothing more from this
-    process, which drops the events waiting for it; the other processes stop at their
-    own 410.
+    answers 502-504), its oldest event alone is tried, every PROBE_SECONDS, and once
+    one gets through, the others follow at once; a process that starts probes each
+    receiver once. A probe of an event not yet due spends none of its attempts, so no
+    number of processes starting spends the schedule. A URL no longer configured gets
+    nothing more: its events are dropped. One that answers 410 gets nothing more from
+    this process, which drops the events waiting for it; the other processes stop at
+    their own 410.
     """
 
     # seconds before a retry
@@ -1283,13 +1351,16 @@ class WebhookSender:
     MAX_WAITING, MAX_WAITING_BYTES = 10_000, 32 * 2**20  # the in-memory outbox's bounds
     # an event taken by a sender killed mid-attempt is free after it
     LEASE_SECONDS = TIMEOUT + 2
+    # a fork's child sends this long after the fork, or at its first create: a child
+    # that serves nothing and ends sooner has taken nothing
+    CHILD_DELAY = 3
 
     EVENT = (
         "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
         " VALUES (:url, :webhook_id, :body, 0, :created)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the URL's due events, or its oldest, due or not, to probe a silent receiver.
+    # the URL's events due by :due, oldest first.
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
@@ -1317,33 +1388,44 @@ class WebhookSender:
         if self._store:
             store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
         self._waiting, self._dropping, self._closed = (0, 0), False, False
-        self._thread = Background(
-            "plantstore-webhooks", self._loop, lambda: this_process(self, self._fresh)
+        self._background = Background(
+            "plantstore-webhooks",
+            self._loop,
+            lambda: this_process(self, self._fresh),
+            stops_for_fork=not self._store or self._store.STOPS_FOR_FORK,
+            child_delay=self.CHILD_DELAY,
         )
-        self._thread.start()
+        self._background.start()
 
     def _fresh(self):
-        """This process's outbox (the SQL store's, or its own in memory) and attempts:
-        their events, whether a probe, keyed by seq; the statuses come in `done`."""
-        here = types.SimpleNamespace(outbox=self._store and self._store.run)
-        here.in_flight, here.done, here.failing, here.connections = {}, [], {}, {}
-        here.started_over = False
+        """This process's attempts (their events, and whether each is a probe, keyed by
+        seq; their statuses come in `done`), the receivers it probes (to when each was
+        last probed), and, with no SQL store, its outbox in memory."""
+        here = types.SimpleNamespace(in_flight={}, done=[], connections={}, failing={})
+        here.first_round, here.waiting = True, False  # waiting: on the database
         if not self._store:  # used by the sender and by notify(), in turn
-            memory = sqlite3.connect(
+            here.memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
             )
-            memory.execute(SQLiteStore.EVENTS)
-            lock = threading.Lock()
-
-            def outbox(sql, **parameters):
-                with lock:
-                    return memory.execute(sql, parameters).fetchall()
-
-            here.outbox, here.memory = outbox, memory
+            here.memory.execute(SQLiteStore.EVENTS)
+            here.lock = threading.Lock()
         return here
 
     def outbox(self, sql, **parameters):
-        return this_process(self, self._fresh).outbox(sql, **parameters)
+        """Run one statement on the outbox: this process's in memory, or the store's in
+        a transaction of its own, so that a statement cut short leaves nothing done,
+        within BACKGROUND_WAIT and outside the requests' breaker."""
+        if self._store:
+            return self._store.session(
+                lambda run: run(sql, **parameters),
+                write=not sql.startswith("SELECT"),
+                transaction=True,
+                wait=BACKGROUND_WAIT,
+                background=True,
+            )
+        here = this_process(self, self._fresh)
+        with here.lock:
+            return here.memory.execute(sql, parameters).fetchall()
 
     def notify(self, plant_id, name, tag):
         """After a create: write the event in memory, or wake for the one SQL wrote."""
@@ -1363,13 +1445,13 @@ class WebhookSender:
                     f"webhook events are dropped: {count} events of {size // 2**20} MB "
                     "wait in memory already, until they drain"
                 )
-        self._thread.wake()
+        self._background.wake()
 
     def close(self):
         """Stop sending, in this process, and free the events of the attempts under
         way: the outbox keeps them, and a sender takes them at once."""
         self._closed = True
-        self._thread.stop()
+        self._background.stop()
 
     def _write(self, run, body):
         for url in self.urls:
@@ -1383,10 +1465,12 @@ class WebhookSender:
 
     def _loop(self):
         here, wait = this_process(self, self._fresh), 0  # the first round at once
-        while self._thread.going(wait):
+        while self._background.pause(wait):
             wait = self.POLL_SECONDS
             try:
-                here.started_over = here.started_over or self._start_over()
+                if here.first_round:
+                    self._drop_unconfigured()
+                    here.first_round = False
                 while here.done:  # each attempt that ended
                     seq, status = here.done.pop()
                     self._settle(here, *here.in_flight.pop(seq), status)
@@ -1399,16 +1483,26 @@ class WebhookSender:
                         sum(row[1] for row in waiting),
                         sum(row[2] for row in waiting),
                     )
-            # the database is away, and said so: try again in a moment
-            except HTTPError:
+            except HTTPError as error:  # the database is away, or busy elsewhere
                 wait = RETRY_AFTER
+                if not here.waiting:  # said once, until it answers again
+                    here.waiting = True
+                    _log(
+                        f"webhook delivery waits for the {self._store.shown}: "
+                        + self._store.describe(error.__cause__)
+                    )
             except Exception:
                 _log(
                     f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
                     f"{traceback.format_exc()}"
                 )
                 wait = RETRY_AFTER
-        if self._closed or not threading.main_thread().is_alive():
+            else:
+                if here.waiting:
+                    here.waiting = False
+                    _log("webhook delivery goes on")
+        if self._closed or not self._background.stopping:  # not a fork's pause: the end
+            self._closed = True
             self._free(here)
 
     def _free(self, here):
@@ -1420,8 +1514,8 @@ class WebhookSender:
         if not self._store:
             here.memory.close()
 
-    def _start_over(self):
-        """Drop the events of URLs no longer configured; try each other due one once."""
+    def _drop_unconfigured(self):
+        """Drop the events of URLs no longer configured, once a process."""
         for url, count, _ in self.outbox(self.WAITING):
             if url not in self.urls:
                 self.outbox(self.FORGET, url=url)
@@ -1429,41 +1523,37 @@ class WebhookSender:
                     f"{count} waiting webhook events are dropped: their receiver "
                     f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}"
                 )
-            else:
-                self.outbox(self.DUE_NOW, now=time.time(), url=url)
-        return True
 
     def _claim(self, here):
-        """Start an attempt for each URL's due events, up to PER_URL in flight each."""
+        """Start an attempt for each URL's due events, up to PER_URL in flight each; on
+        probation, one for the URL's oldest event, due or not, every PROBE_SECONDS."""
         now = time.time()
         for url in self.urls:
             busy = sum(event[1] == url for event, _ in here.in_flight.values())
-            probing = url in here.failing
-            if probing and (busy or now - here.failing[url] < self.PROBE_SECONDS):
+            probe = here.failing.get(url)  # when it was last probed; None: not probed
+            if probe is not None and (busy or now - probe < self.PROBE_SECONDS):
                 continue
-            if probing:
+            events = self.outbox(
+                self.CLAIM,
+                lease=now + self.LEASE_SECONDS,
+                now=now,
+                url=url,
+                due=now if probe is None else math.inf,
+                free=self.PER_URL - busy if probe is None else 1,
+            )
+            if probe is not None:  # probed now; with no event, there is none to probe
                 here.failing[url] = now
-            free = 1 if probing else self.PER_URL - busy
-            for event in (
-                self.outbox(
-                    self.CLAIM,
-                    lease=now + self.LEASE_SECONDS,
-                    now=now,
-                    url=url,
-                    due=now + probing * 1e9,
-                    free=free,
-                )
-                if free
-                else ()
-            ):
-                here.in_flight[event[0]] = event, probing
+                if not events:
+                    del here.failing[url]
+            for event in events:
+                here.in_flight[event[0]] = event, probe
                 threading.Thread(
                     target=self._attempt, args=(here, event), daemon=True
                 ).start()  # daemon: a stop waits for no receiver
 
     def _attempt(self, here, event):
         here.done.append((event[0], self._post(here, *event[1:4])))
-        self._thread.wake()
+        self._background.wake()
 
     def _cut_late_attempts(self, here):
         """Close the connection of each attempt past its TIMEOUT: http.client's timeouts
@@ -1512,9 +1602,11 @@ class WebhookSender:
             connection.close()
 
     def _settle(self, here, event, probe, status):
-        """Act on an attempt's outcome: delivered, gone, refused or no answer."""
+        """Act on an attempt's outcome: delivered, gone, or failed, and then retried on
+        SCHEDULE unless it was a probe ahead of its event's schedule. `probe`: None, or
+        when the receiver was last probed before it (0: at this process's start)."""
         seq, url, webhook_id, _, attempts, due = event
-        now, silent = time.time(), status in (None, 502, 503, 504)  # none from it
+        now = time.time()
         if status == 410 and url in self.urls:  # gone: this process sends it no more
             # a new list, not this one changed: a request may be iterating it
             self.urls = [other for other in self.urls if other != url]
@@ -1526,25 +1618,25 @@ class WebhookSender:
             return
         if url not in self.urls or status and 200 <= status < 300:  # or its URL went
             self.outbox(self.DONE, seq=seq)
-            if here.failing.pop(url, None) is not None:  # through again:
-                self.outbox(self.DUE_NOW, now=now, url=url)  # the others follow now
-            return
-        if probe and silent and due > now:  # a probe ahead of its event's schedule:
-            self.outbox(self.RELEASE, seq=seq)  # the schedule stays
-            return
-        if silent:  # the receiver is probed until one gets through
-            here.failing.setdefault(url, now)
-        else:  # an answer, if no 2xx: the receiver is back, its events go as usual
             here.failing.pop(url, None)
-        if attempts == len(self.SCHEDULE):
+            if probe:  # through after a silence: the others follow now
+                self.outbox(self.DUE_NOW, now=now, url=url)
+            return
+        if status in (None, 502, 503, 504):  # no answer from the receiver itself:
+            here.failing.setdefault(url, now)  # probed until one gets through
+        else:  # its answer, if no 2xx: it is back, its events go as usual
+            here.failing.pop(url, None)
+        if probe is not None and due > now:  # a probe ahead of the event's schedule
+            self.outbox(self.RELEASE, seq=seq)
+        elif attempts < len(self.SCHEDULE):
+            delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
+            self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
+        else:
             self.outbox(self.DONE, seq=seq)
             _log(
                 f"webhook {webhook_id} to {_origin(url)} is given up "
                 f"after {attempts + 1} attempts"
             )
-            return
-        delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
-        self.outbox(self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq)
 
 
 def check_webhook_url(url):
@@ -2186,6 +2278,12 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
             self.in_flight += 1
         super().process_request(request, client_address)
 
+    def stop(self, *_signal):
+        """End serve_forever() between two accepts: an exception raised by a signal
+        handler could cut one under way. From another thread, since shutdown() waits
+        for serve_forever(), which runs in the thread that takes the signal."""
+        threading.Thread(target=self.shutdown).start()
+
     def finish(self, seconds):
         """Stop accepting, and wait up to `seconds` for the requests in flight."""
         # closed before it is said, so that no connection comes after
@@ -2278,7 +2376,7 @@ def setting(environ, name):
     if path is None:
         return environ.get(name)
     if name in environ:
-        raise ValueError(f"{name} and {name}_FILE are both set: set one of them")
+        raise ValueError(f"{name} and {name}_FILE ({path}) are both set: set one")
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -2341,12 +2439,13 @@ def store_from_environ(environ=os.environ):
     if problem:
         raise ValueError(f"{DB_VARIABLE} {problem}; it takes {DB_FORMS}")
     if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
-        try:  # the module beside this file, with psycopg: plantstore[postgres]
+        try:  # the module beside this file, with psycopg: the postgres extra
             from plantstore_postgres import PostgresStore
         except ImportError as error:  # one of the two is missing, or psycopg's libpq
             raise ValueError(
                 f"{DB_VARIABLE} names a PostgreSQL database, which needs "
-                f"{error.name or 'psycopg'}: pip install 'plantstore[postgres]'"
+                f"{error.name or 'psycopg'}: pip install '.[postgres]' in plantstore's "
+                "folder installs plantstore_postgres.py and psycopg"
             ) from None
         return PostgresStore(value)
     if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
@@ -2382,7 +2481,7 @@ def unknown_settings(environ=os.environ):
     for name in sorted(set(environ) - set(known)):
         if name.upper().startswith("PLANTSTORE_"):
             asked = name.upper().removeprefix("PLANTSTORE_")  # DATABASE finds DB
-            alike = [n for n in short if n.endswith("FILE") == asked.endswith("FILE")]
+            alike = [n for n in short if n.endswith("FILE") == ("FILE" in asked)]
             close = difflib.get_close_matches(asked, alike, 1, 0.4)
             warnings.append(
                 f"{name} is not a plantstore setting, so it is ignored"
@@ -2468,13 +2567,11 @@ def main(argv=None):
         return 2
     with server:
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C, and how systemd stops it
-            signal.signal(stop, _interrupt)  # SIGINT too: background jobs ignore it
-        try:
-            host, port = server.server_address[:2]
-            _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
-            server.serve_forever()
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM
-            server.finish(server.client_timeout)
+            signal.signal(stop, server.stop)  # SIGINT too: background jobs ignore it
+        host, port = server.server_address[:2]
+        _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
+        server.serve_forever()
+        server.finish(server.client_timeout)
     for part in application.webhook_sender, application.store:
         getattr(part, "close", lambda: None)()  # nothing left open at a clean stop
     return 0
@@ -2498,10 +2595,6 @@ def _parser():
         "--version", action="version", version=f"plantstore {__version__}"
     )
     return parser
-
-
-def _interrupt(_signum, _frame):
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 plantstore.py runs on the standard library alone; this module, beside it, holds what
 needs psycopg, and plantstore imports it only when PLANTSTORE_DB names PostgreSQL.
-`pip install 'plantstore[postgres]'` installs both. The SQL itself is SQLStore's,
+`pip install '.[postgres]'` in its folder installs both. The SQL itself is SQLStore's,
 written once in plantstore.py; here are PostgreSQL's differences: connecting through
 libpq with bounds on every wait, its DDL, a batch in one statement, and a watchdog
 that cuts a statement at its request's deadline.
@@ -83,9 +83,16 @@ class PostgresStore(SQLStore):
 
     def __init__(self, conninfo):
         self.parameters, shown = postgres_settings(conninfo)
-        self._watchdog = Background("plantstore-watchdog", self._watch)
+        self._watchdog = Background(
+            "plantstore-watchdog", self._watch, stops_for_fork=False
+        )
         super().__init__(shown)
-        self.outages = (psycopg.OperationalError, psycopg.InterfaceError)
+        # away, or taking no writes (a standby, a demoted primary: SQLSTATE 25006)
+        self.outages = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            psycopg.errors.ReadOnlySqlTransaction,
+        )
         try:
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
@@ -130,6 +137,8 @@ class PostgresStore(SQLStore):
     )
 
     ONE_STATEMENT = True
+    # its background threads wait on sockets alone, which a fork's child never touches
+    STOPS_FOR_FORK = False
     # A batch in one statement, one round trip: rows take their seq in the order they
     # came.
     INSERT_MANY = (
@@ -193,7 +202,7 @@ class PostgresStore(SQLStore):
 
     def _watch(self):
         """Shut the connection of each statement past its deadline: a 503 answers."""
-        while self._watchdog.going(0.25):
+        while self._watchdog.pause(0.25):
             here = self._here()
             # held, so that no statement ends, and its socket closes, meanwhile
             with here.lock:
