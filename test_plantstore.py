@@ -65,6 +65,7 @@ from testbed import (
     cluster_pids,
     environ_without_tokens,
     exchange,
+    free_port,
     granian_command,
     granian_recipe,
     in_threads,
@@ -4800,6 +4801,575 @@ def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name,
     assert warning.startswith(f"{name} is not a plantstore setting, so it is ignored")
     assert warning.endswith(f"; did you mean {close}?" if close else "ignored")
     assert_secret_kept(warning)
+
+
+# ---- Secrets from files (issue 45) ----
+
+# The settings that may be read from a file, NAME_FILE, and a secret of each that must
+# never show: a token, a webhook secret, a database URL with a password.
+FILE_SECRETS = {
+    "PLANTSTORE_TOKENS": "file-token-9-Zq3Vx7Lm2Kp",
+    "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+    "PLANTSTORE_DB": "postgresql://plant:s3cr3t-pw@127.0.0.1:1/plants",
+}
+
+
+def secret_file(path, content):
+    """Write content (text, or bytes as they are) to path, its owner's alone."""
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    path.chmod(0o600)
+    return path
+
+
+def without_dac_override():
+    """The command prefix under which root, too, is refused a file its mode refuses: no
+    capability to override file permissions (util-linux's setpriv). None needed for
+    other users."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv is missing: apt-get install util-linux"
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def make_bad_file(kind, name, path, env):
+    """Make path the bad file `kind` for the setting `name`, set {name}_FILE to it in
+    env; return what the one line says of it."""
+    env[f"{name}_FILE"] = str(path)
+    secret = FILE_SECRETS[name]
+    if kind == "both-ways":  # the file is fine, and the variable is set too
+        secret_file(path, secret + "\n")
+        env[name] = secret
+        return "both"
+    if kind == "missing":
+        return "cannot be read: No such file or directory"
+    if kind == "empty":
+        secret_file(path, "")
+        return "is empty"
+    if kind == "unreadable":
+        secret_file(path, secret + "\n").chmod(0)
+        return "cannot be read: Permission denied"
+    if kind == "folder":
+        path.mkdir()
+        return "cannot be read: Is a directory"
+    if kind == "not-utf-8":
+        secret_file(path, b"\xff\xfe" + secret.encode() + b"\n")
+        return "is not UTF-8 text"
+    assert kind == "an-sqlite-database"
+    with contextlib.closing(sqlite3.connect(path)) as database:
+        database.execute("CREATE TABLE plants (id INTEGER PRIMARY KEY)")
+        database.commit()
+    return f"is an SQLite database: set {name} to its path instead"
+
+
+FILE_REFUSALS = [
+    (name, kind)
+    for name in FILE_SECRETS
+    for kind in ["both-ways", "missing", "empty", "unreadable", "folder", "not-utf-8"]
+] + [("PLANTSTORE_DB", "an-sqlite-database")]
+
+
+def refused_settings(tmp_path, name, kind):
+    """The environment of a start that the file of `name` stops, the other settings
+    good; the command prefix it needs; what the line says; the path."""
+    path = tmp_path / name.lower().removeprefix("plantstore_")
+    env = environ_without_tokens()
+    if name != "PLANTSTORE_TOKENS":
+        env["PLANTSTORE_TOKENS"] = TOKEN
+    said = make_bad_file(kind, name, path, env)
+    prefix = without_dac_override() if kind == "unreadable" else []
+    return env, prefix, said, path
+
+
+def assert_refused_in_one_line(err, name, path, said):
+    """Each line that names the setting is the same one line: the setting, the path and
+    the reason, and no secret."""
+    lines = {line for line in err.splitlines() if name in line or str(path) in line}
+    assert len(lines) == 1, err
+    [line] = lines
+    assert f"{name}_FILE" in line and str(path) in line and said in line, err
+    assert "Traceback" not in err, err
+    for secret in FILE_SECRETS.values():
+        assert secret not in err and secret.removeprefix("whsec_") not in err
+    assert_secret_kept(err)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize(
+    "tokens, line_end",
+    [(f"{TOKEN}\r\n{OTHER_TOKEN}\r\n", "\r\n"), (f"{TOKEN},{OTHER_TOKEN}\n", "\n")],
+    ids=["one-a-line-crlf", "comma-separated"],
+)
+def test_secrets_python_plantstore_py_reads_each_setting_from_its_file(
+    spawn, tmp_path, receiver, request, database, tokens, line_end
+):
+    """Tokens one a line or comma-separated, the webhook secret and the database's
+    address, each from its file and its last line end dropped (a whsec_ secret with
+    \\r\\n left on would not decode); none of them shown."""
+    hook = receiver()
+    if database == "postgres":
+        db, password = (
+            request.getfixturevalue("pg_url"),
+            request.getfixturevalue("postgres").password,
+        )
+        shown = f"plants in PostgreSQL {db.replace(':' + password, '')}"
+    else:
+        db, password = str(tmp_path / "plants.sqlite3"), None
+        shown = f"plants in SQLite file {db}"
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS_FILE=str(secret_file(tmp_path / "tokens", tokens)),
+            PLANTSTORE_WEBHOOK_SECRET_FILE=str(
+                secret_file(tmp_path / "webhook-secret", SECRET + line_end)
+            ),
+            PLANTSTORE_DB_FILE=str(secret_file(tmp_path / "db", db + line_end)),
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+        ),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    for plant_id, token in [(1, TOKEN), (2, OTHER_TOKEN)]:
+        assert post_over_http(host, port, token, {"id": plant_id, "name": "Fern"}) == (
+            200,
+            {"name": "Fern"},
+        )
+    assert post_over_http(host, port, FILE_SECRETS["PLANTSTORE_TOKENS"], {})[0] == 401
+    # the receiver verifies each signature with SECRET
+    assert hook.wait_for(2) == [{"id": 1, "name": "Fern"}, {"id": 2, "name": "Fern"}]
+    assert stored_plants(db) == {1: "Fern", 2: "Fern"}
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    said = err.rest() + process.stdout.read()
+    assert shown in said and "new token" not in said and "Traceback" not in said
+    for secret in TOKEN, OTHER_TOKEN, SECRET, SECRET.removeprefix("whsec_"), password:
+        assert not secret or secret not in said
+
+
+@pytest.mark.parametrize(
+    "name, kind", FILE_REFUSALS, ids=[f"{n[11:]}-{k}" for n, k in FILE_REFUSALS]
+)
+def test_secrets_python_plantstore_py_refuses_a_bad_file_in_one_line(
+    spawn, tmp_path, name, kind
+):
+    env, prefix, said, path = refused_settings(tmp_path, name, kind)
+    process = spawn([*prefix, sys.executable, "plantstore.py", "--port", "0"], env)
+    assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert err.count("\n") == 1 and process.stdout.read() == ""
+    assert_refused_in_one_line(err, name, path, said)
+
+
+@pytest.mark.parametrize(
+    "name, kind", FILE_REFUSALS, ids=[f"{n[11:]}-{k}" for n, k in FILE_REFUSALS]
+)
+def test_secrets_gunicorn_prints_the_same_line_and_stops_booting_no_worker_again(
+    spawn, tmp_path, name, kind
+):
+    """As deploy/plantstore.service runs it, -w 1: the master stops with 4, "App failed
+    to load", which its RestartPreventExitStatus= lists."""
+    env, prefix, said, path = refused_settings(tmp_path, name, kind)
+    process = spawn(
+        [*prefix, sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8"]
+        + ["-b", "127.0.0.1:0", "plantstore:app"],
+        env,
+    )
+    assert process.wait(WAIT) == 4
+    err = process.stderr.read()
+    assert err.count("Booting worker") == 1, err
+    assert_refused_in_one_line(err, name, path, said)
+
+
+def test_secrets_gunicorn_with_two_workers_stops_on_a_bad_file_booting_each_once(
+    spawn, tmp_path
+):
+    """-w 2, as deploy/plantstore.service says for SQLite and PostgreSQL: both workers
+    fail, and gunicorn's master stops with 4, or with 1 and a traceback of its own when
+    the second failure comes while it is stopping (its HaltServer raised again in
+    halt()). The unit's RestartPreventExitStatus= lists both."""
+    env, prefix, said, path = refused_settings(tmp_path, "PLANTSTORE_DB", "folder")
+    process = spawn(
+        [sys.executable, "-m", "gunicorn", "-w", "2", "--threads", "4"]
+        + ["-b", "127.0.0.1:0", "plantstore:app"],
+        env,
+    )
+    status = process.wait(WAIT)
+    err = process.stderr.read()
+    assert status in {1, 4} and status in restart_prevented("plantstore.service"), err
+    assert err.count("Booting worker") == 2, err
+    assert "plantstore.py" not in err  # gunicorn's own traceback, if any: not ours
+    lines = {line for line in err.splitlines() if "PLANTSTORE_DB" in line}
+    assert lines == {f"PLANTSTORE_DB_FILE: {path} {said}"}, err
+
+
+@pytest.mark.parametrize("server", ["python plantstore.py", "gunicorn"])
+@pytest.mark.parametrize("given", ["variable", "file"])
+def test_secrets_a_refused_token_with_an_sqlite_path_leaves_no_file(
+    spawn, tmp_path, server, given
+):
+    short = "eleven-char"
+    tokens = (
+        {"PLANTSTORE_TOKENS": short}
+        if given == "variable"
+        else {"PLANTSTORE_TOKENS_FILE": str(secret_file(tmp_path / "tokens", short))}
+    )
+    (tmp_path / "data").mkdir()
+    env = environ_without_tokens(
+        PLANTSTORE_DB=str(tmp_path / "data" / "p.sqlite3"), **tokens
+    )
+    command = {
+        "python plantstore.py": [sys.executable, "plantstore.py", "--port", "0"],
+        "gunicorn": [sys.executable, "-m", "gunicorn", "-b", "127.0.0.1:0"]
+        + ["plantstore:app"],
+    }[server]
+    process = spawn(command, env)
+    assert process.wait(WAIT) == (2 if server == "python plantstore.py" else 4)
+    err = process.stderr.read()
+    assert "at least 16 characters" in err and short not in err
+    # neither p.sqlite3 nor p.sqlite3-writers
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+# The keys a request's environ may hold: CGI's meta-variables (RFC 3875, 4.1), the
+# request's headers as HTTP_*, and PEP 3333's wsgi.* keys.
+CGI_VARIABLES = {
+    "AUTH_TYPE",
+    "CONTENT_LENGTH",
+    "CONTENT_TYPE",
+    "GATEWAY_INTERFACE",
+    "PATH_INFO",
+    "PATH_TRANSLATED",
+    "QUERY_STRING",
+    "REMOTE_ADDR",
+    "REMOTE_HOST",
+    "REMOTE_IDENT",
+    "REMOTE_USER",
+    "REQUEST_METHOD",
+    "SCRIPT_NAME",
+    "SERVER_NAME",
+    "SERVER_PORT",
+    "SERVER_PROTOCOL",
+    "SERVER_SOFTWARE",
+}
+PEP_3333_REQUIRED = {
+    "REQUEST_METHOD",
+    "SCRIPT_NAME",
+    "PATH_INFO",
+    "QUERY_STRING",
+    "CONTENT_TYPE",
+    "CONTENT_LENGTH",
+    "SERVER_NAME",
+    "SERVER_PORT",
+    "SERVER_PROTOCOL",
+    "HTTP_AUTHORIZATION",
+    "wsgi.version",
+    "wsgi.url_scheme",
+    "wsgi.input",
+    "wsgi.errors",
+    "wsgi.multithread",
+    "wsgi.multiprocess",
+    "wsgi.run_once",
+}
+# Each prints the keys of every request's environ, one JSON line on stdout. An app of
+# its own, served by make_server:
+SPY_ON_MAKE_SERVER = """
+import json, plantstore
+def spy(environ, start_response):
+    print(json.dumps(sorted(environ)), flush=True)
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [b"{}"]
+server = plantstore.make_server("127.0.0.1", 0, spy)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+# python plantstore.py itself, run as __main__, each request seen on its way to the app:
+SPY_ON_PLANTSTORE_PY = """
+import json, runpy, sys, wsgiref.handlers
+run = wsgiref.handlers.BaseHandler.run
+def spying(handler, application):
+    def spy(environ, start_response):
+        print(json.dumps(sorted(environ)), flush=True)
+        return application(environ, start_response)
+    return run(handler, spy)
+wsgiref.handlers.BaseHandler.run = spying
+sys.argv = ["plantstore.py", "--port", "0"]
+runpy.run_path("plantstore.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("served", ["make_server", "python plantstore.py"])
+def test_secrets_the_embedded_server_hands_a_request_none_of_the_process_environment(
+    spawn, served
+):
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN, SECRET_X="hush-s3cr3t-pw", SERVER_X="on"
+    )
+    if served == "make_server":
+        process = spawn([sys.executable, "-c", SPY_ON_MAKE_SERVER], env)
+        out = Lines(process.stdout)
+        port = int(out.until(r"^(\d+)$")[1])
+    else:
+        process = spawn([sys.executable, "-c", SPY_ON_PLANTSTORE_PY], env)
+        out, err = Lines(process.stdout), Lines(process.stderr)
+        port = int(err.until(r"listening on http://[\d.]+:(\d+)")[1])
+    assert post_over_http("127.0.0.1", port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    out.until(r"^\[")
+    keys = set(json.loads(out.seen[-1]))
+    assert not keys & set(env), sorted(keys & set(env))
+    assert "SECRET_X" not in keys and "PLANTSTORE_TOKENS" not in keys
+    assert all(
+        key in CGI_VARIABLES or key.startswith(("HTTP_", "wsgi.")) for key in keys
+    ), sorted(keys)
+    assert PEP_3333_REQUIRED <= keys, sorted(PEP_3333_REQUIRED - keys)
+
+
+def test_secrets_help_names_the_file_settings(spawn):
+    shown = spawn([sys.executable, "plantstore.py", "--help"], environ_without_tokens())
+    assert shown.wait(WAIT) == 0
+    text = shown.stdout.read()
+    for name in FILE_SECRETS:
+        assert f"  {name}_FILE" in text, text
+
+
+@pytest.mark.parametrize(
+    "name, close",
+    [
+        ("PLANTSTORE_TOKEN_FILE", "PLANTSTORE_TOKENS_FILE"),
+        ("PLANTSTORE_DATABASE_FILE", "PLANTSTORE_DB_FILE"),
+        ("PLANTSTORE_WEBHOOK_SECRETS_FILE", "PLANTSTORE_WEBHOOK_SECRET_FILE"),
+    ],
+)
+def test_secrets_a_misspelt_file_setting_is_named_with_the_one_it_may_mean(name, close):
+    environ = {name: "/etc/plantstore/s3cr3t-pw", "PLANTSTORE_TOKENS": TOKEN}
+    for known in FILE_SECRETS:
+        environ[f"{known}_FILE"] = "/etc/plantstore/x"
+    assert plantstore.unknown_settings(environ) == [
+        f"{name} is not a plantstore setting, so it is ignored; did you mean {close}?"
+    ]
+
+
+def test_secrets_python_plantstore_py_warns_of_plantstore_token_file(tmp_path):
+    path = secret_file(tmp_path / "tokens", TOKEN)
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_TOKEN_FILE=str(path))
+    said = "".join(lines)
+    assert code is None, said  # PLANTSTORE_TOKENS serves; the misspelt one is named
+    assert (
+        "warning: PLANTSTORE_TOKEN_FILE is not a plantstore setting, so it is ignored; "
+        "did you mean PLANTSTORE_TOKENS_FILE?" in said
+    )
+
+
+# The systemd units, as systemd would start them (it is not running here: no PID 1 of
+# its own), and as systemd-analyze verify reads them.
+
+UNITS = ["plantstore.service", "plantstore-granian.service"]
+# what an operator puts in /etc/plantstore/tokens; systemd copies it to %d/tokens
+UNIT_TOKEN = "unit-token-4-Hs8Qw2Zx6Rt"
+
+
+def unit_text(name, every_secret=False, two_workers=False):
+    """The unit as shipped; every_secret: its CHANGE lines for the database's and the
+    webhook's secrets uncommented; two_workers: with its ExecStart for SQLite."""
+    text = (HERE / "deploy" / name).read_text()
+    if every_secret:
+        text, count = re.subn(
+            r"^#((?:LoadCredential|Environment)=)", r"\1", text, flags=re.M
+        )
+        assert count == 4, f"deploy/{name}: its commented credentials changed"
+    if two_workers:
+        if name == "plantstore.service":  # as its CHANGE comment says
+            changed = text.replace("-w 1 --threads 8 -b", "-w 2 --threads 4 -b")
+        else:
+            sqlite = re.search(r"^# SQLite: (ExecStart=.*)$", text, re.M)[1]
+            changed = re.sub(r"^ExecStart=.*$", sqlite, text, count=1, flags=re.M)
+        assert changed != text, f"deploy/{name}: its ExecStart changed"
+        text = changed
+    return text
+
+
+def unit_service_settings(text):
+    """The [Service] section of a unit: {setting: [each value, in order]}."""
+    settings, section = {}, None
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif line and line[0] not in "#;" and section == "[Service]":
+            name, _, value = line.partition("=")
+            settings.setdefault(name.strip(), []).append(value.strip())
+    return settings
+
+
+def restart_prevented(name):
+    """The exit statuses after which systemd does not restart the unit."""
+    settings = unit_service_settings(unit_text(name))
+    assert settings["Restart"] == ["on-failure"]  # any other status is restarted
+    return {
+        int(status)
+        for line in settings.get("RestartPreventExitStatus", [])
+        for status in line.split()
+    }
+
+
+def start_unit(spawn, folder, text, credentials, environment_file=""):
+    """Run the unit's ExecStart as systemd would hand it its settings, as root: a
+    clean environment with its Environment= and EnvironmentFile=, the files of its
+    LoadCredential= copied into a credentials directory (%d), its WorkingDirectory.
+    The paths of the unit are under `folder`, as a root; /opt/plantstore/bin is this
+    venv's, and the port a free one. credentials: {id: what the operator's file holds}.
+
+    The answer has the process, its port, the credentials directory, and the socket
+    a Type=notify service tells it is ready on."""
+    import shlex  # here, not at the top: this section is one block
+
+    def root(path):
+        return folder / path.lstrip("/")
+
+    settings = unit_service_settings(text)
+    creds = folder / "run" / "credentials" / "unit"
+    creds.mkdir(parents=True)
+    loaded = {}
+    for line in settings.get("LoadCredential", []):
+        credential, _, source = line.partition(":")
+        # the operator's file, where the unit's comments say, root's alone
+        assert source in text.split("[Unit]")[0], f"the unit's comments miss {source}"
+        root(source).parent.mkdir(parents=True, exist_ok=True)
+        secret_file(root(source), credentials[credential])
+        shutil.copyfile(root(source), creds / credential)
+        (creds / credential).chmod(0o400)  # systemd's: read-only, the service's alone
+        loaded[credential] = root(source)
+    assert set(loaded) == set(credentials), f"the unit loads {sorted(loaded)}"
+    creds.chmod(0o500)
+    state = root("/var/lib") / settings["StateDirectory"][0]
+    state.mkdir(parents=True)
+    assert settings["WorkingDirectory"] == [f"/var/lib/{state.name}"]
+    env = {  # what systemd gives every service, and what its settings add
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
+        "LANG": "C.UTF-8",
+        "HOME": str(state),
+        "CREDENTIALS_DIRECTORY": str(creds),
+        "STATE_DIRECTORY": str(state),
+    }
+    for line in settings.get("Environment", []):
+        for assignment in shlex.split(line):
+            name, _, value = assignment.partition("=")
+            assert not re.search(r"%[^d%]", value), f"a specifier to add: {value}"
+            env[name] = re.sub(
+                "%[d%]", lambda s: str(creds) if s[0] == "%d" else "%", value
+            )
+    for path in settings.get("EnvironmentFile", []):
+        root(path.lstrip("-")).parent.mkdir(parents=True, exist_ok=True)
+        secret_file(root(path.lstrip("-")), environment_file)
+        for line in environment_file.splitlines():
+            if line.strip() and not line.startswith(("#", ";")):
+                name, _, value = line.partition("=")
+                env[name.strip()] = value.strip()
+    # /opt/plantstore has plantstore installed from this folder: this venv has it
+    # installed too, perhaps from another checkout; this folder's comes first
+    env["PYTHONPATH"] = str(HERE)
+    notify = None
+    if settings.get("Type") == ["notify"]:  # systemd waits for READY=1
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(folder / "notify"))
+        notify.settimeout(WAIT)
+        env["NOTIFY_SOCKET"] = str(folder / "notify")
+    [command] = settings["ExecStart"]
+    argv, port = shlex.split(command), free_port()
+    assert argv[0].startswith("/opt/plantstore/bin/"), argv[0]
+    argv[0] = str(Path(sys.executable).parent / Path(argv[0]).name)
+    ports = [
+        n for n, word in enumerate(argv) if re.fullmatch(r"(127.0.0.1:)?8000", word)
+    ]
+    assert len(ports) == 1, argv
+    argv[ports[0]] = argv[ports[0]].replace("8000", str(port))
+    process = spawn([shutil.which("env"), "-C", str(state), *argv], env)
+    return SimpleNamespace(process=process, port=port, creds=creds, notify=notify)
+
+
+@pytest.mark.parametrize(
+    "every_secret", [False, True], ids=["as-shipped", "every-secret"]
+)
+@pytest.mark.parametrize("unit", UNITS)
+def test_secrets_each_unit_serves_with_its_credentials_as_systemd_hands_them(
+    spawn, tmp_path, request, receiver, unit, every_secret
+):
+    credentials, environment_file, password = {"tokens": UNIT_TOKEN + "\n"}, "", None
+    if every_secret:
+        hook, postgres = receiver(), request.getfixturevalue("postgres")
+        pg_url, password = request.getfixturevalue("pg_url"), postgres.password
+        credentials |= {"db": pg_url + "\n", "webhook-secret": SECRET + "\n"}
+        environment_file = f"PLANTSTORE_WEBHOOK_URL={hook.url}\n"
+    service = start_unit(
+        spawn, tmp_path, unit_text(unit, every_secret), credentials, environment_file
+    )
+    if service.notify:
+        assert service.notify.recv(4096).startswith(b"READY=1")
+        service.notify.close()
+    wait_listening(service.process, service.port)
+    created = post_over_http(
+        "127.0.0.1", service.port, UNIT_TOKEN, {"id": 1, "name": "Fern"}
+    )
+    assert created == (200, {"name": "Fern"})
+    assert (
+        post_over_http("127.0.0.1", service.port, TOKEN, {"id": 2, "name": "x"})[0]
+        == 401
+    )
+    if every_secret:
+        assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+        assert stored_plants(pg_url) == {1: "Fern"}
+    service.process.send_signal(signal.SIGTERM)  # systemctl stop
+    assert service.process.wait(WAIT) == 0
+    said = service.process.stdout.read() + service.process.stderr.read()
+    for secret in UNIT_TOKEN, SECRET, SECRET.removeprefix("whsec_"), password:
+        assert not secret or secret not in said
+    assert "Traceback" not in said
+
+
+@pytest.mark.parametrize(
+    "two_workers", [False, True], ids=["as-shipped", "two-workers"]
+)
+@pytest.mark.parametrize("unit", UNITS)
+def test_secrets_each_unit_is_not_restarted_after_a_bad_credential(
+    spawn, tmp_path, unit, two_workers
+):
+    """The tokens' file made (install -m 600 /dev/null) and never written: the start
+    stops in one line, with a status the unit's RestartPreventExitStatus= lists."""
+    text = unit_text(unit, two_workers=two_workers)
+    service = start_unit(spawn, tmp_path, text, {"tokens": ""})
+    status = service.process.wait(WAIT)
+    if service.notify:
+        service.notify.close()
+    said = service.process.stdout.read() + service.process.stderr.read()
+    assert status != 0 and status in restart_prevented(unit), (status, said)
+    assert f"PLANTSTORE_TOKENS_FILE: {service.creds}/tokens is empty" in said, said
+    # gunicorn -w 2 may add a traceback of its own (its HaltServer, above); never ours
+    gunicorn_halted_twice = two_workers and unit == "plantstore.service"
+    assert "plantstore.py" not in said
+    assert "Traceback" not in said or gunicorn_halted_twice, said
+
+
+@pytest.mark.parametrize(
+    "every_secret", [False, True], ids=["as-shipped", "every-secret"]
+)
+@pytest.mark.parametrize("unit", UNITS)
+def test_secrets_systemd_analyze_verifies_each_unit(tmp_path, unit, every_secret):
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, (
+        "systemd-analyze is missing: apt-get install systemd (.ci/run does it)"
+    )
+    # its command must exist: this venv's, for /opt/plantstore's
+    text = unit_text(unit, every_secret).replace(
+        "/opt/plantstore/bin/", f"{Path(sys.executable).parent}/"
+    )
+    (tmp_path / unit).write_text(text)
+    done = subprocess.run(
+        [analyze, "verify", str(tmp_path / unit)],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
 
 
 # ---- python plantstore.py, as a new user runs it ----
