@@ -2038,7 +2038,8 @@ def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, recei
     assert (process.returncode, process.stderr) == (
         2,
         "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
-        "plantstore_postgres: pip install 'plantstore[postgres]'\n",
+        "plantstore_postgres: pip install '.[postgres]' in plantstore's folder "
+        "installs plantstore_postgres.py and psycopg\n",
     )
 
 

@@ -203,7 +203,8 @@ def test_python_plantstore_py_names_what_postgres_needs_when_it_is_missing(
     err = process.stderr.read()
     assert err == (
         "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
-        f"{missing}: pip install 'plantstore[postgres]'\n"
+        f"{missing}: pip install '.[postgres]' in plantstore's folder installs "
+        "plantstore_postgres.py and psycopg\n"
     )
 
 
