@@ -2,10 +2,11 @@
 
 ``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional ``tag``) and
 answers the stored Plant (``name``, ``tag``; no ``id``). Every route is declared once,
-in ``Application.__init__``, and ``GET /openapi.json`` describes each operation; a route
-needs ``Authorization: Bearer <token>`` unless declared with ``token=False`` (``GET
-/health``, for load balancers, and the document). Errors are ``{"error": <status>,
-"message": ...}``.
+with ``Application.route``: the core's in ``Application.__init__``, ``GET /metrics`` and
+``GET /openapi.json`` (which describes each operation) by ``make_app``. A route needs
+``Authorization: Bearer <token>`` unless declared with ``token=False`` (``GET /health``,
+for load balancers, and the document). Errors are ``{"error": <status>, "message":
+...}``.
 
 The file is in two parts. The core, down to the line "Optional parts", is a whole
 service: the request path and the in-memory store. Below it, each in a section of its
@@ -292,7 +293,7 @@ def query_page(environ):
     return limit, after
 
 
-def cursor(seq):
+def page_cursor(seq):
     """The opaque `after` of a next link: the last plant's seq, 8 bytes as base64url."""
     return (
         base64.urlsafe_b64encode(seq.to_bytes(8, "big", signed=True))
@@ -307,7 +308,8 @@ _CURSOR = re.compile(r"[A-Za-z0-9_-]{11}")
 # ---- The store interface, and the in-memory store ----
 class Store:
     """What the application asks of a store: any object with add, page and delete will
-    do. `tag` is None for no tag; a database away raises unavailable(...), a 503."""
+    do, or with add, list and delete (PagesFromList reads it). `tag` is None for no tag;
+    a database away raises unavailable(...), a 503."""
 
     required = ("add", "page", "delete")
 
@@ -430,19 +432,19 @@ class PlantStore(Store):
 # ---- Writing an answer ----
 
 # json's C routine, ASCII-escaped (a lone surrogate is safe): far faster than dumps()
-_quote = json.encoder.encode_basestring_ascii
+_json_string = json.encoder.encode_basestring_ascii
 
 
 def plant_json(name, tag):
     """The Plant shape: name, and tag if it has one; never the id, which Plant lacks."""
     if tag is None:
-        return f'{{"name": {_quote(name)}}}'.encode()
-    return f'{{"name": {_quote(name)}, "tag": {_quote(tag)}}}'.encode()
+        return f'{{"name": {_json_string(name)}}}'.encode()
+    return f'{{"name": {_json_string(name)}, "tag": {_json_string(tag)}}}'.encode()
 
 
 def error_json(status, message):
     """The Error shape, with `error` the HTTP status."""
-    return f'{{"error": {status}, "message": {_quote(message)}}}'.encode()
+    return f'{{"error": {status}, "message": {_json_string(message)}}}'.encode()
 
 
 def stream_plants(read_page, plants):
@@ -592,7 +594,7 @@ class Application:
             if plants:  # a page of none would link to itself
                 link = f"{quote(environ.get('SCRIPT_NAME', ''))}/plants?limit={limit}"
                 headers = [
-                    ("Link", f'<{link}&after={cursor(plants[-1][0])}>; rel="next"')
+                    ("Link", f'<{link}&after={page_cursor(plants[-1][0])}>; rel="next"')
                 ]
         body = b", ".join([plant_json(name, tag) for _, name, tag in plants])
         return 200, b"[" + body + b"]", headers
@@ -675,9 +677,10 @@ def this_process(owner, make):
 
 class Background:
     """A thread of this process that runs loop() until pause() says stop, kept by the
-    rule above: prepare() makes the process's state before it starts; wake() ends a
-    pause; start() and stop() come in turn. A fork stops it first, unless
-    stops_for_fork is false; a fork's child starts it child_delay seconds late."""
+    rule above. prepare() makes the process's state before the thread starts, so that a
+    fork's child has its own before it serves a request. wake() ends a pause; start()
+    and stop() come in turn. A fork stops it first, unless stops_for_fork is false; a
+    fork's child starts it child_delay seconds late."""
 
     threads = weakref.WeakSet()  # plantstore's own, which a thread's end waits for not
 
@@ -766,8 +769,8 @@ class SQLStore(Store):
 
     The creates that wait at one moment in a process share one transaction and one flush
     to disk (group commit), where each create alone would pay its own: one of them
-    writes them, up to BATCH creates and BATCH_BYTES a commit. There is no timer and no
-    thread: a create that comes alone is written at once, by its own.
+    writes them, up to BATCH creates and BATCH_BYTES a commit. No timer gathers them: a
+    create that comes alone is written at once, by its own request's thread.
     """
 
     INSERT = (
@@ -805,7 +808,7 @@ class SQLStore(Store):
     def _fresh(self):
         return _Here(self.POOL_SIZE, None)
 
-    def _writing(self, _deadline):
+    def _writer_lock(self, _deadline):
         """What a writer holds while it writes: an engine that queues writers says."""
         return contextlib.nullcontext()
 
@@ -888,14 +891,17 @@ class SQLStore(Store):
                     )
             return created
 
-        several = len(batch) > 1 and not self.ONE_STATEMENT  # else one statement,
+        # A transaction makes several statements one: the inserts of several plants
+        # (unless the engine writes a batch in one statement, atomic itself), or a
+        # plant's insert and its events'.
+        several = len(batch) > 1 and not self.ONE_STATEMENT
         wait = min(create.deadline for create in batch) - time.monotonic()
         try:
             created = self.session(
                 insert,
                 write=True,
                 wait=wait,
-                transaction=bool(self.write_event) or several,  # atomic itself
+                transaction=bool(self.write_event) or several,
             )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
@@ -979,17 +985,17 @@ class SQLStore(Store):
     def _session(self, work, write, transaction, wait):
         for attempt in 1, 2:
             started, reused = time.monotonic(), False
+            deadline = started + wait
+            turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
             try:
-                with (
-                    self._writing(started + wait) if write else contextlib.nullcontext()
-                ):
-                    with self._connection(started + wait) as (db, reused):
-                        return self._work(db, work, transaction, started + wait)
+                with turn, self._connection(deadline) as (db, reused):
+                    return self._work(db, work, transaction, deadline)
             except self.outages as error:
                 late = time.monotonic() - started
                 # A read that failed at once on a connection made before an outage is
                 # tried again on a new one; a write never is: it may have been done.
-                if write or not reused or late > 1 or attempt == 2:
+                stale = not write and reused and late <= 1
+                if not stale or attempt == 2:
                     cut = late >= wait  # at its bound: said so, not how it was cut
                     cause = TimeoutError(f"no answer in {wait} s") if cut else error
                     raise unavailable("the database") from cause
@@ -1159,19 +1165,19 @@ class _Here:
 class SQLiteStore(SQLStore):
     """Plants in an SQLite file on this machine, shared by the workers that open it."""
 
-    EVENTS = (
+    # the webhooks' outbox; also the table of the sender's outbox in memory
+    OUTBOX = (
         "CREATE TABLE IF NOT EXISTS plant_events"
         " (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
         " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BLOB NOT NULL,"
         " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
         " lease REAL NOT NULL DEFAULT 0, created REAL)"
     )
-    # readers and a writer at once; kept in the file
     schema = (
-        "PRAGMA journal_mode=WAL",
+        "PRAGMA journal_mode=WAL",  # readers and a writer at once; kept in the file
         "CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
         " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
-        EVENTS,
+        OUTBOX,
         "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
     )
     # what /metrics counts, read from this index alone: fast at a million events
@@ -1206,7 +1212,7 @@ class SQLiteStore(SQLStore):
         try:  # made for its owner alone (and so are -wal and -shm, which take its mode)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
             # workers starting together make it in turn
-            with self._writing(time.monotonic() + DB_WAIT_SECONDS):
+            with self._writer_lock(time.monotonic() + DB_WAIT_SECONDS):
                 self.open_at_start()
         except (sqlite3.Error, OSError) as error:
             raise ValueError(
@@ -1217,7 +1223,7 @@ class SQLiteStore(SQLStore):
     def _fresh(self):
         return _Here(self.POOL_SIZE, _WriterLock(self.path + "-writers"))
 
-    def _writing(self, deadline):
+    def _writer_lock(self, deadline):
         return self._here().writers.held(deadline)
 
     def execute(self, db, sql, parameters, deadline):
@@ -1241,7 +1247,7 @@ class SQLiteStore(SQLStore):
         )
         # each commit reaches the disk before the 200
         db.execute("PRAGMA synchronous=FULL")
-        db.file = self._identity()
+        db.identity = self._identity()
         return db
 
     def _identity(self):
@@ -1252,14 +1258,14 @@ class SQLiteStore(SQLStore):
 
     def check(self, db):
         # a file deleted or replaced while in use: no one will read what is written
-        if self._identity() != db.file:
+        if self._identity() != db.identity:
             raise sqlite3.OperationalError(
                 f"{self.path} was deleted or replaced while in use"
             )
 
 
 class _SQLite(sqlite3.Connection):
-    file = None  # the file it opened, as (device, inode): SQLiteStore.check compares it
+    identity = None  # its file's (device, inode) when opened: SQLiteStore.check
 
 
 class _WriterLock:
@@ -1407,7 +1413,7 @@ class WebhookSender:
             here.memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
             )
-            here.memory.execute(SQLiteStore.EVENTS)
+            here.memory.execute(SQLiteStore.OUTBOX)
             here.lock = threading.Lock()
         return here
 
@@ -1571,11 +1577,12 @@ class WebhookSender:
             hmac.new(self._key, signed, hashlib.sha256).digest()
         )
         parts = urlsplit(url)
-        # the port said: http.client reads [::1] as port 1
         https = parts.scheme == "https"
+        # the port given, always: from the host alone, http.client reads [::1] as 1
+        port = parts.port or (443 if https else 80)
         connection = (
             http.client.HTTPSConnection if https else http.client.HTTPConnection
-        )(parts.hostname, parts.port or (443 if https else 80), timeout=self.TIMEOUT)
+        )(parts.hostname, port, timeout=self.TIMEOUT)
         connection.response_class = _FinalResponse
         here.connections[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
@@ -1724,19 +1731,13 @@ plantstore_info{{version="{version}"}} 1
 # HELP plantstore_database_up Whether this scrape's query of the store answered in time.
 # TYPE plantstore_database_up gauge
 plantstore_database_up {up}
-# HELP plantstore_database_query_seconds How long this scrape's query of the store took.
-# TYPE plantstore_database_query_seconds gauge
-plantstore_database_query_seconds {seconds:.6f}
-# HELP plantstore_webhook_events_waiting Webhook events not yet delivered, by receiver.
-# TYPE plantstore_webhook_events_waiting gauge
-{waiting}\
-# HELP plantstore_webhook_events_failing Waiting events whose last attempt failed.
-# TYPE plantstore_webhook_events_failing gauge
-{failing}\
-# HELP plantstore_webhook_oldest_event_age_seconds Since the oldest waiting event's \
-plant was created.
-# TYPE plantstore_webhook_oldest_event_age_seconds gauge
-{age}"""
+"""
+RECEIVER_METRICS = {  # a series a receiver, from a figure of RECEIVERS'
+    "plantstore_webhook_events_waiting": "Webhook events not yet delivered.",
+    "plantstore_webhook_events_failing": "Waiting events whose last attempt failed.",
+    "plantstore_webhook_oldest_event_age_seconds": "Since the oldest waiting event's "
+    "plant was created.",
+}
 
 
 def serve_metrics(application, outbox, urls):
@@ -1748,38 +1749,23 @@ def serve_metrics(application, outbox, urls):
     Counts and times of requests come from the server in front (docs/deploy.md)."""
 
     def read_metrics(_environ, _):
-        started, up = time.monotonic(), 1
+        up, now = 1, time.time()
         try:
             rows = outbox(RECEIVERS) if outbox else []
         except HTTPError:  # the database is away, or did not answer in time
             rows, up = [], 0
-        seconds, now = time.monotonic() - started, time.time()
-        waiting, failing = collections.Counter(), collections.Counter()  # by origin
-        waiting.update(dict.fromkeys(map(_origin, urls), 0))
-        oldest = {}
-        for url, count, failed, created in rows:
-            waiting[_origin(url)] += count
-            failing[_origin(url)] += failed
-            # created is None for an event written by 1.3.0 after a rollback
-            oldest[_origin(url)] = min(oldest.get(_origin(url), now), created or now)
-
-        def series(name, figures):  # a line for each receiver
-            return "".join(
-                f"plantstore_webhook_{name}{{receiver={_quote(origin)}}} {figure}\n"
-                for origin, figure in figures.items()
-            )
-
-        text = METRICS.format(
-            version=__version__,
-            up=up,
-            seconds=seconds,
-            waiting=series("events_waiting", waiting),
-            failing=series("events_failing", {o: failing[o] for o in waiting}),
-            age=series(
-                "oldest_event_age_seconds",
-                {o: f"{now - oldest.get(o, now):.3f}" for o in waiting},
-            ),
-        )
+        receivers = {_origin(url): [0, 0, now] for url in urls}
+        for url, waiting, failing, created in rows:
+            figures = receivers.setdefault(_origin(url), [0, 0, now])
+            figures[0] += waiting
+            figures[1] += failing
+            figures[2] = min(figures[2], created or now)  # None: written by 1.3.0
+        text = METRICS.format(version=__version__, up=up)
+        for at, (name, meaning) in enumerate(RECEIVER_METRICS.items()):
+            text += f"# HELP {name} {meaning}\n# TYPE {name} gauge\n"
+            for origin, figures in receivers.items():
+                figure = figures[at] if at < 2 else round(now - figures[2], 3)  # age
+                text += f"{name}{{receiver={_json_string(origin)}}} {figure}\n"
         return 200, text.encode(), [("Content-Type", METRICS_TYPE)]
 
     application.route("GET", "/metrics", read_metrics, "getMetrics")
@@ -2181,7 +2167,7 @@ def serve_document(application):
     ).encode()
 
     def read_document(environ):  # `servers` says where the app is mounted
-        mounted = _quote(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
+        mounted = _json_string(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
         return 200, document.replace(b'"SCRIPT_NAME"', mounted, 1), []
 
 
@@ -2249,8 +2235,7 @@ class _RequestHandler(WSGIRequestHandler):
 
     def log_request(self, code="-", size="-"):
         # Method and path only: the query string is where careless clients put secrets.
-        # none if the request line was garbage
-        path = getattr(self, "path", "").partition("?")[0]
+        path = getattr(self, "path", "").partition("?")[0]  # none: a garbled request
         self.log_message('"%s %s" %s %s', self.command or "-", path, code, size)
 
     def log_error(self, format, *args):

@@ -45,7 +45,7 @@ class PostgresStore(SQLStore):
     retried, the create answers 200 or 409.
     """
 
-    EVENTS = (
+    OUTBOX = (
         "CREATE TABLE IF NOT EXISTS plant_events"
         " (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
         " url TEXT NOT NULL, webhook_id TEXT NOT NULL, body BYTEA NOT NULL,"
@@ -63,7 +63,7 @@ class PostgresStore(SQLStore):
         "DO $$ BEGIN IF to_regclass('plant_events_due') IS NULL THEN"
         " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
         " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
-        f" {EVENTS}; CREATE INDEX plant_events_due ON plant_events (next_at);"
+        f" {OUTBOX}; CREATE INDEX plant_events_due ON plant_events (next_at);"
         " END IF; IF NOT EXISTS (SELECT FROM pg_attribute WHERE attname = 'created'"
         " AND attrelid = 'plant_events'::regclass) THEN"
         " ALTER TABLE plant_events ADD COLUMN created DOUBLE PRECISION;"
@@ -126,8 +126,8 @@ class PostgresStore(SQLStore):
         " WHERE attrelid = 'plants'::regclass AND attname IN ('seq', 'id', 'name')"
     )
     # A table filled with its seq values (a move with pgloader, a restore by hand)
-    # leaves its
-    # identity behind them, and each create would collide: moved past them, never back.
+    # leaves its identity behind them, and each create would collide: moved past them,
+    # never back.
     MOVE = (
         "SELECT setval(q.name, greatest(max, last_value)), max"
         " FROM (SELECT max(seq) FROM {0})"
@@ -155,7 +155,7 @@ class PostgresStore(SQLStore):
         created = collections.Counter(
             row[0] for row in run(self.INSERT_MANY, ids=ids, names=names, tags=tags)
         )
-        # an id once, to the first
+        # each id is new once, for the first of the batch that has it
         return [created.pop(plant_id, 0) > 0 for plant_id in ids]
 
     def setup(self, run_sql):
@@ -168,7 +168,7 @@ class PostgresStore(SQLStore):
                     + ("NULL" if not not_null else "duplicates")
                 )
         for table in "plants", "plant_events":
-            # the owner's
+            # only the table's owner may move its identity; another role leaves it
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 for _, largest in run_sql(self.MOVE.format(table)).fetchall():
                     _log(
@@ -178,8 +178,7 @@ class PostgresStore(SQLStore):
                     )
 
     def connect(self, deadline):
-        # libpq's connect_timeout is whole seconds, 2 at least: within a health check's
-        # bound.
+        # libpq's connect_timeout is whole seconds, 2 at least: kept within the bound
         seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
         return psycopg.connect(
             **{**self.BOUNDS, "connect_timeout": seconds, **self.parameters},
@@ -219,8 +218,7 @@ class PostgresStore(SQLStore):
         self._watchdog.stop()
 
     def usable(self, db):
-        # An idle connection has nothing to read: if it has, the server said goodbye (a
-        # restart).
+        # An idle connection has nothing to read: if it has, the server said goodbye.
         return not select.select([db.fileno()], [], [], 0)[0]
 
 

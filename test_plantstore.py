@@ -1768,7 +1768,7 @@ def test_a_store_of_the_first_interface_still_pages():
     )
     assert len(application.get("/plants", headers=AUTH, status=200).json) == 25
     # a well-formed cursor no page made: before the oldest
-    negative = plantstore.cursor(-1)
+    negative = plantstore.page_cursor(-1)
     assert application.get(
         f"/plants?limit=2&after={negative}", headers=AUTH, status=200
     ).json == [{"name": "p0"}, {"name": "p1"}]

@@ -1159,7 +1159,7 @@ def test_postgres_identity_behind_copied_rows_is_moved_at_start_and_said_in_one_
     # listed last
     assert over_http(host, port, TOKEN, "GET", "/plants")[1][-1] == {"name": "new"}
     status, _, page = exchange(
-        host, port, "GET", f"/plants?limit=5&after={plantstore.cursor(20550)}"
+        host, port, "GET", f"/plants?limit=5&after={plantstore.page_cursor(20550)}"
     )
     assert (status, page) == (200, [{"name": "new"}])  # after the largest copied seq
     # the event of the create too
