@@ -1740,21 +1740,27 @@ RECEIVER_METRICS = {  # a series a receiver, from a figure of RECEIVERS'
 }
 
 
-def serve_metrics(application, outbox, urls):
+def serve_metrics(application, store, sender):
     """Serve GET /metrics, with a token: figures of the whole service, not of the
     process that answers, which a load balancer picks. They come from one query of the
-    outbox every process shares (outbox(sql) runs it; None: no outbox), bounded like
-    /health. A receiver is named by its origin alone (its path or query may hold a
-    secret); each of `urls`, those configured, shows 0 when none of its events wait.
-    Counts and times of requests come from the server in front (docs/deploy.md)."""
+    outbox every process shares (the SQL store's, else the sender's in memory), bounded
+    like /health. A receiver is named by its origin alone (its path or query may hold a
+    secret); one configured shows 0 when none of its events wait. Counts and times of
+    requests come from the server in front (docs/deploy.md)."""
+    configured = [_origin(url) for url in sender.urls] if sender else []
 
     def read_metrics(_environ, _):
         up, now = 1, time.time()
         try:
-            rows = outbox(RECEIVERS) if outbox else []
+            if isinstance(store, SQLStore):
+                rows = store.session(
+                    lambda run: run(RECEIVERS), wait=HEALTH_WAIT_SECONDS
+                )
+            else:
+                rows = sender.outbox(RECEIVERS) if sender else []
         except HTTPError:  # the database is away, or did not answer in time
             rows, up = [], 0
-        receivers = {_origin(url): [0, 0, now] for url in urls}
+        receivers = {origin: [0, 0, now] for origin in configured}
         for url, waiting, failing, created in rows:
             figures = receivers.setdefault(_origin(url), [0, 0, now])
             figures[0] += waiting
@@ -2329,28 +2335,19 @@ def make_app(
     origins (https://example.org) whose browser pages may call it (see with_cors).
     """
     application = Application(tokens, store, max_body_bytes)
-    served, sender = application, None
-    webhook_urls = (
-        [webhook_urls] if isinstance(webhook_urls, str) else list(webhook_urls)
-    )
-    cors_origins = (
-        [cors_origins] if isinstance(cors_origins, str) else list(cors_origins)
-    )
-    cors_origins = {browser_origin(origin) for origin in cors_origins}
+    store, sender = application.store, None
+    if isinstance(webhook_urls, str):  # one URL
+        webhook_urls = [webhook_urls]
     if webhook_urls:  # it starts sending now (see "Background work")
-        sender = WebhookSender(webhook_urls, webhook_secret, application.store)
+        sender = WebhookSender(webhook_urls, webhook_secret, store)
         application.on_create = sender.notify
-    store = application.store
-    outbox = sender and sender.outbox  # bounded like /health, whatever the store:
-    if isinstance(store, SQLStore):
-        outbox = lambda sql: store.session(  # noqa: E731 (a one-line query)
-            lambda run: run(sql), wait=HEALTH_WAIT_SECONDS
-        )
-    serve_metrics(application, outbox, webhook_urls)
+    serve_metrics(application, store, sender)
     serve_document(application)  # last: it lists every route
-    if cors_origins:
-        served = with_cors(served, cors_origins)
-    served.webhook_sender, served.store = sender, application.store
+    if isinstance(cors_origins, str):  # one origin
+        cors_origins = [cors_origins]
+    origins = {browser_origin(origin) for origin in cors_origins}
+    served = with_cors(application, origins) if origins else application
+    served.webhook_sender, served.store = sender, store
     return served
 
 
