@@ -725,9 +725,16 @@ class Background:
 
     def pause(self, seconds):
         """Wait up to `seconds`, or until wake(); then whether to go on: not after
-        stop(), nor once the process it serves is ending (see the rule above)."""
-        if self._wake.wait(seconds):
-            self._wake.clear()
+        stop(), nor once the process it serves is ending (see the rule above), which
+        is looked for every second meanwhile, so that no end waits longer for it."""
+        until = time.monotonic() + seconds
+        while self._going() and not self._wake.wait(min(1, until - time.monotonic())):
+            if time.monotonic() >= until:
+                return self._going()
+        self._wake.clear()
+        return self._going()
+
+    def _going(self):
         return not self.stopping and any(
             thread.is_alive() and not thread.daemon and thread not in self.threads
             for thread in threading.enumerate()
@@ -799,7 +806,8 @@ class SQLStore(Store):
         self.write_event = None
         # when the last health answer came, and whether it was yes
         self._answer = 0.0, True
-        self._ready, self._outage_said = False, False
+        # None, or whether a write (else a read) found the outage said last
+        self._ready, self._outage_said = False, None
 
     def _here(self):
         """This process's pool, queue and locks (see "Background work" below)."""
@@ -975,10 +983,10 @@ class SQLStore(Store):
             try:
                 result = self._session(work, write, transaction, wait)
             except HTTPError as error:
-                self._outage(error.__cause__)
+                self._outage(error.__cause__, write)
                 raise
-        if self._outage_said:
-            self._outage_said = False
+        if self._outage_said is write:  # reads that work end no outage of writes
+            self._outage_said = None
             _log(f"the {self.shown} is reachable again")
         return result
 
@@ -1082,11 +1090,11 @@ class SQLStore(Store):
         with contextlib.suppress(Exception):
             db.close()
 
-    def _outage(self, error):
+    def _outage(self, error, write):
         """Say once per outage that the database is away (error: None, if it is not:
         every connection was busy)."""
-        if error is not None and not self._outage_said:
-            self._outage_said = True
+        if error is not None and self._outage_said is None:
+            self._outage_said = write
             _log(f"the {self.shown} is unavailable: {self.describe(error)}")
 
     def describe(self, error):
@@ -1211,8 +1219,9 @@ class SQLiteStore(SQLStore):
             )
         try:  # made for its owner alone (and so are -wal and -shm, which take its mode)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
-            # workers starting together make it in turn
-            with self._writer_lock(time.monotonic() + DB_WAIT_SECONDS):
+            # workers starting together make it in turn, waiting a minute at most: no
+            # request waits, and the upgrade of a 1.3.0 file takes seconds at millions
+            with self._writer_lock(time.monotonic() + 60):
                 self.open_at_start()
         except (sqlite3.Error, OSError) as error:
             raise ValueError(
@@ -1477,9 +1486,7 @@ class WebhookSender:
                 if here.first_round:
                     self._drop_unconfigured()
                     here.first_round = False
-                while here.done:  # each attempt that ended
-                    seq, status = here.done.pop()
-                    self._settle(here, *here.in_flight.pop(seq), status)
+                self._settle_ended(here)
                 self._claim(here)
                 self._cut_late_attempts(here)
                 # what waits, counted again: notify() counts up only
@@ -1512,13 +1519,20 @@ class WebhookSender:
             self._free(here)
 
     def _free(self, here):
-        """At the end: the events of attempts under way are free for the next sender."""
+        """At the end: the attempts that ended are settled, and the events of those
+        still under way are free for the next sender."""
         with contextlib.suppress(HTTPError):
+            self._settle_ended(here)
             for seq in list(here.in_flight):
                 self.outbox(self.RELEASE, seq=seq)
         here.in_flight.clear()
         if not self._store:
             here.memory.close()
+
+    def _settle_ended(self, here):
+        while here.done:  # each attempt that ended
+            seq, status = here.done.pop()
+            self._settle(here, *here.in_flight.pop(seq), status)
 
     def _drop_unconfigured(self):
         """Drop the events of URLs no longer configured, once a process."""
