@@ -1337,6 +1337,125 @@ def test_the_readme_store_example_works_as_pasted():
     application.delete("/plants/1", headers=headers, status=204)
 
 
+# ---- Request ids (issue 46) ----
+#
+# Every answer the application makes carries an X-Request-ID: the client's own when it
+# matches [A-Za-z0-9._-]{1,64} (safe to echo and to log), else 16 hex digits made anew;
+# a 500 names it in its log line, above the traceback.
+
+KEPT_IDS = {
+    "one character": "a",
+    "a uuid": "0f8fad5b-d9cb-469f-a165-70867728950e",
+    "dots and underscores": "req.42_Retry-2",
+    "64 characters": "A" * 64,
+    "nginx's": "5e1f3b2a9c8d7e6f5a4b3c2d1e0f9a8b",
+}
+REPLACED_IDS = {  # None: no X-Request-ID sent
+    "absent": None,
+    "empty": "",
+    "65 characters": "A" * 65,
+    "a space": "two words",
+    "a slash": "a/b",
+    "a quote": 'a"b',
+    "a colon": "a:b",
+    "a line break": "a\nb",
+    "not ASCII": "caf\xe9",  # as a WSGI server hands a header on: latin-1
+}
+
+
+def answered_ids(application, answered):
+    """application, recording in `answered` each X-Request-ID header it answers."""
+
+    def recorded(environ, start_response):
+        def start(status, headers, exc_info=None):
+            answered.extend(v for k, v in headers if k.lower() == "x-request-id")
+            return start_response(status, headers, exc_info)
+
+        return application(environ, start)
+
+    return recorded
+
+
+def answer_of(case, tmp_path, request_id):
+    """One request of the case (by its status), sending request_id (None: no header);
+    return (status, the X-Request-ID headers answered, what went to wsgi.errors)."""
+    store, arguments = PlantStore(), dict(method="GET", path="/plants")
+    if case == 500:
+        arguments = dict(method="POST", body=b'{"id": 1, "name": "x"}')
+        store = BrokenStore()
+    if case == 503:  # an SQLite file deleted under the running service
+        store = SQLiteStore(tmp_path / "plants.sqlite3")
+        os.remove(tmp_path / "plants.sqlite3")
+    arguments |= {
+        200: dict(method="POST", body=b'{"id": 1, "name": "Fern"}'),
+        204: dict(method="OPTIONS"),
+        401: dict(environ={"HTTP_AUTHORIZATION": None}),
+        404: dict(path="/plants/"),
+        405: dict(method="PUT"),
+        413: dict(method="POST", body=b" " * (MAX_BODY_BYTES + 1)),
+        "metrics": dict(path="/metrics"),
+    }.get(case, {})
+    errors, answered = io.StringIO(), []
+    environ = {
+        **arguments.pop("environ", {}),
+        "wsgi.errors": errors,
+        "HTTP_X_REQUEST_ID": request_id,  # None: left out
+    }
+    status, _, _ = call(
+        answered_ids(make_app([TOKEN], store=store), answered),
+        environ=environ,
+        **arguments,
+    )
+    assert case in (status, "metrics"), f"the case {case} answered {status}"
+    return status, answered, errors.getvalue()
+
+
+ID_CASES = [200, 204, 401, 404, 405, 413, 503, 500, "metrics"]
+
+
+@pytest.mark.parametrize("case", ID_CASES)
+@pytest.mark.parametrize("request_id", KEPT_IDS.values(), ids=list(KEPT_IDS))
+def test_request_id_a_client_s_own_is_answered_as_it_is_errors_too(
+    case, request_id, tmp_path
+):
+    _, answered, _ = answer_of(case, tmp_path, request_id)
+    assert answered == [request_id]
+
+
+@pytest.mark.parametrize("case", ID_CASES)
+@pytest.mark.parametrize("request_id", REPLACED_IDS.values(), ids=list(REPLACED_IDS))
+def test_request_id_any_other_is_replaced_by_16_hex_digits_errors_too(
+    case, request_id, tmp_path
+):
+    _, answered, _ = answer_of(case, tmp_path, request_id)
+    assert len(answered) == 1 and re.fullmatch("[0-9a-f]{16}", answered[0])
+
+
+def test_request_id_made_anew_for_each_request():
+    answered = []
+    application = answered_ids(make_app([TOKEN]), answered)
+    for _ in range(200):
+        call(application, method="GET", path="/plants")
+    assert len(set(answered)) == 200
+
+
+@pytest.mark.parametrize(
+    "request_id", ["client-chose.this_1", None, "not kept: spaces"], ids=str
+)
+def test_request_id_of_a_500_is_in_its_log_line_above_the_traceback(
+    request_id, tmp_path
+):
+    status, (answered,), logged = answer_of(500, tmp_path, request_id)
+    assert status == 500
+    if request_id == "client-chose.this_1":
+        assert answered == request_id
+    first, second, *_ = logged.splitlines()
+    assert first == f"plantstore: request {answered} failed:"
+    assert second == "Traceback (most recent call last):"
+    assert "the disk is on fire" in logged and TOKEN not in logged
+    assert logged.count(answered) == 1 and "not kept" not in logged
+
+
 # ---- Threads against one application ----
 
 
