@@ -5215,6 +5215,45 @@ def test_nginx_keeps_query_strings_out_of_its_access_log(nginx_in_front):
     assert "SECRET" not in logged and TOKEN not in logged
 
 
+def test_nginx_passes_the_client_s_request_id_or_its_own_and_logs_the_one_answered(
+    nginx_in_front,
+):
+    """deploy/nginx.conf's map: the client's X-Request-ID when plantstore would keep it,
+    else nginx's $request_id (32 hex digits), sent to gunicorn, answered by plantstore
+    and written last in nginx's access log line, an error's (401) too."""
+    sent = {  # the id sent (None: none), the token, the status
+        "client-chose.this_1": (TOKEN, 200),
+        None: (TOKEN, 200),
+        "not kept: spaces": (TOKEN, 200),
+        "B" * 65: (TOKEN, 200),
+        "on.a.401": ("not-the-token-not-the-token", 401),
+    }
+    answered = []
+    for request_id, (token, status) in sent.items():
+        got, headers, _ = exchange(
+            "127.0.0.1",
+            nginx_in_front.port,
+            "GET",
+            "/plants",
+            token=token,
+            headers=request_id and {"X-Request-ID": request_id},
+        )
+        assert got == status
+        answered.append(headers["X-Request-ID"])
+    assert answered[0] == "client-chose.this_1" and answered[4] == "on.a.401"
+    assert all(re.fullmatch("[0-9a-f]{32}", made) for made in answered[1:4]), answered
+    assert len(set(answered)) == len(answered)
+    access_log = nginx_in_front.folder / "access.log"
+    wait_until(
+        lambda: access_log.read_text().count("\n") == len(sent),
+        lambda: f"nginx logged {access_log.read_text()!r}, not one line per request",
+    )
+    lines = access_log.read_text().splitlines()
+    assert [line.split()[-1] for line in lines] == answered
+    assert [line.split()[-4] for line in lines] == ["200"] * 4 + ["401"]  # $status
+    assert "not kept" not in access_log.read_text() and "B" * 65 not in lines[3]
+
+
 # ---- granian, the other production server, with deploy/plantstore-granian.service ----
 
 
