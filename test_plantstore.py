@@ -95,6 +95,7 @@ from testbed import (
     stop_service,
     stored_plants,
     wait_listening,
+    wait_apps_built,
     wait_until,
 )
 
@@ -455,8 +456,7 @@ def test_metrics_sqlite_held_by_another_process_answer_200_within_2_5_s(
     write_events(path, [("http://hooks.example/a", 0, time.time())] * 3)
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
     _, host, port, err = start_gunicorn(spawn, env, 2, 4)  # no connection held yet
-    while sum("plants in" in line for line in err.seen) < 2:
-        err.until("plants in")
+    wait_apps_built(err, 2)
     locker = subprocess.Popen(
         [sys.executable, "-c", holder, path, str(WAIT)],
         stdin=subprocess.DEVNULL,

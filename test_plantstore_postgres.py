@@ -73,6 +73,7 @@ from testbed import (
     start_nginx,
     stop_service,
     stored_plants,
+    wait_apps_built,
     wait_until,
 )
 
@@ -463,8 +464,7 @@ def test_metrics_postgres_silent_answers_200_within_2_5_s_with_database_up_0(
         PLANTSTORE_WEBHOOK_SECRET=SECRET,
     )
     _, host, port, err = start_gunicorn(spawn, env, 2, 4)
-    while sum("plants in" in line for line in err.seen) < 2:
-        err.until("plants in")
+    wait_apps_built(err, 2)
     assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
     origin = f"http://127.0.0.1:{down}"
     assert backlog(host, port) == {origin: 1}

@@ -870,6 +870,15 @@ def prometheus_query(port, query):
     }
 
 
+def wait_apps_built(err, processes):
+    """Wait until `processes` processes have printed their start line ("version ...,
+    plants in ..."): each has built the app. Counted in the text, not by lines: two
+    processes writing at once may put their lines on one, since print() writes a
+    message and its line break apart."""
+    while sum(line.count(", plants in ") for line in err.seen) < processes:
+        err.until(", plants in ")
+
+
 # gunicorn's access log on its stdout, naming the worker (its pid) that answered
 WORKER_ACCESS_LOG = ("--access-logfile", "-", "--access-logformat", "%(p)s %(r)s")
 
@@ -916,7 +925,7 @@ def plantstore_1_3_0(folder):
         f"{RELEASE_1_3_0}:plantstore.py): {shown.stderr}"
     )
     assert '\n__version__ = "1.3.0"\n' in shown.stdout
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "plantstore.py"
     path.write_text(shown.stdout)
     return path
@@ -958,8 +967,7 @@ def rolled_back_to_1_3_0_and_forward(spawn, folder, db, receiver):
             process = spawn([sys.executable, str(script), "--port", "0"], env)
             err = Lines(process.stderr)
             host, port = err.until(r"listening on http://([\d.]+):(\d+)/").groups()
-        while sum("plants in" in line for line in err.seen) < max(workers, 1):
-            err.until("plants in")  # each process built the app
+        wait_apps_built(err, max(workers, 1))
         return SimpleNamespace(process=process, address=(host, port), err=err)
 
     def create(served, ids):
