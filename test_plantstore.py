@@ -13,6 +13,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -74,6 +75,7 @@ from testbed import (
     listed_ids,
     next_link,
     over_http,
+    plantstore_1_3_0,
     post,
     post_over_http,
     processes_in_group,
@@ -493,6 +495,50 @@ def test_metrics_a_1_3_0_sqlite_file_is_upgraded_at_start_and_1_3_0_still_serves
     rolled_back_to_1_3_0_and_forward(spawn, tmp_path, path, receiver)
     indexes = read_database(path, "SELECT name FROM sqlite_master WHERE type='index'")
     assert ("plant_events_receivers",) in indexes
+
+
+def test_metrics_a_1_3_0_sqlite_upgrade_that_outlasts_the_bound_starts_each_worker(
+    spawn, tmp_path
+):
+    """Found by benchmarks/metrics.py: a 1.3.0 file holding 2,000,000 waiting events
+    took 6.5 s to upgrade here, and gunicorn -w 2 on it stopped ("App failed to load"):
+    the other worker's wait for the writers' turn at start gives up after
+    DB_WAIT_SECONDS, which the upgrade outlasts. Here a trigger the test adds makes a
+    small file's upgrade last about 8 s on any machine (calibrated), so that both
+    workers must wait it out."""
+    old = plantstore_1_3_0(tmp_path / "1.3.0")
+    path = tmp_path / "plants.sqlite3"
+    make = "import sys, plantstore; plantstore.SQLiteStore(sys.argv[1])"
+    subprocess.run(  # 1.3.0's tables, made by 1.3.0
+        [sys.executable, "-c", make, str(path)],
+        cwd=old.parent,
+        check=True,
+        timeout=WAIT,
+    )
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE slow (n)")
+        db.executemany("INSERT INTO slow VALUES (?)", [(n,) for n in range(3000)])
+        started = time.monotonic()
+        db.execute("SELECT count(*) FROM slow a, slow b").fetchone()
+        events = math.ceil(8 / (time.monotonic() - started))  # each one that long
+        db.executemany(
+            "INSERT INTO plant_events (url, webhook_id, body, next_at)"
+            " VALUES ('http://hooks.example/a', 'msg_x', x'7b7d', 0)",
+            [()] * events,
+        )
+        db.execute(
+            "CREATE TRIGGER slow_upgrade AFTER UPDATE ON plant_events"
+            " BEGIN SELECT count(*) FROM slow a, slow b; END"
+        )
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
+    started = time.monotonic()
+    _, _, _, err = start_gunicorn(spawn, env, 2, 4)
+    while sum(line.count(", plants in ") for line in err.seen) < 2:
+        said = err.until(r", plants in |cannot be opened.*|Reason: .*")[0]
+        assert said == ", plants in ", "".join(err.seen)
+    assert time.monotonic() - started > plantstore.DB_WAIT_SECONDS  # it outlasted it
+    created = read_database(str(path), "SELECT DISTINCT created FROM plant_events")
+    assert len(created) == 1 and created[0][0] is not None  # upgraded once
 
 
 def test_metrics_scraped_by_prometheus_the_backlog_reads_back_through_its_api(
