@@ -2,9 +2,10 @@
 files share; nothing here is a test. The fixtures `spawn`, `postgres`, `pg_url`,
 `receiver` and `runbook` are defined here and registered for the suite by conftest.py;
 the benchmarks import `Postgres` and the rest from here. Each is always stopped: every
-subprocess (plantstore.py, gunicorn, granian, uWSGI, waitress, cheroot, werkzeug, nginx,
-a runbook's block) is started by `spawn` in a session of its own, and when the test
-ends, its whole process group is killed (SIGKILL), workers included; the suite's
+subprocess (plantstore.py, 1.3.0's too, gunicorn, granian, uWSGI, waitress, cheroot,
+werkzeug, nginx, prometheus, a runbook's block) is started by `spawn` in a session of
+its own, and when the test ends, its whole process group is killed (SIGKILL), workers
+included; the suite's
 PostgreSQL (`Postgres`: initdb and pg_ctl in a temporary folder, on a free loopback
 port) is started once, by the session fixture `postgres`, and stopped with its folder
 removed when the session ends, on SIGTERM too, while a benchmark that starts one removes
