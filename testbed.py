@@ -944,9 +944,44 @@ def event_columns(db):
     return [column for (column,) in read_database(db, query)]
 
 
+# An UPDATE that changes none of 1.3.0's columns of an event: the upgrade's, which sets
+# `created`, and no other (a sender's changes `lease`, `next_at` or `attempts`)
+UPGRADE_UPDATE = " AND ".join(
+    f"NEW.{column} = OLD.{column}" for column in ("lease", "next_at", "attempts")
+)
+
+
+def slow_upgrade(db, seconds):
+    """Make the upgrade of each event of db (1.3.0's) last about `seconds`, with a
+    trigger: workers that start together then overlap it, and must wait it out."""
+    if db.startswith("postgresql://"):
+        with psycopg.connect(db, autocommit=True) as connection:
+            connection.execute(
+                "CREATE FUNCTION slow_upgrade() RETURNS trigger LANGUAGE plpgsql AS"
+                f" $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NEW; END $$"
+            )
+            connection.execute(
+                "CREATE TRIGGER slow_upgrade BEFORE UPDATE ON plant_events FOR EACH"
+                f" ROW WHEN ({UPGRADE_UPDATE}) EXECUTE FUNCTION slow_upgrade()"
+            )
+        return
+    with contextlib.closing(sqlite3.connect(db)) as connection, connection:
+        connection.execute("CREATE TABLE slow (n)")  # SQLite cannot sleep: it counts
+        connection.executemany("INSERT INTO slow VALUES (?)", [(0,)] * 2000)
+        count = "SELECT count(*) FROM slow a, slow b;"
+        started = time.monotonic()
+        connection.execute(count).fetchone()
+        times = max(1, round(seconds / (time.monotonic() - started)))
+        connection.execute(
+            f"CREATE TRIGGER slow_upgrade AFTER UPDATE ON plant_events"
+            f" WHEN {UPGRADE_UPDATE} BEGIN {count * times} END"
+        )
+
+
 def rolled_back_to_1_3_0_and_forward(spawn, folder, db, receiver):
     """A database of 1.3.0 with events waiting, served in turn by 1.3.0, by this
-    version under gunicorn -w 4 (its workers all start at once, on 1.3.0's tables),
+    version under gunicorn -w 4 (its workers all start while one upgrades 1.3.0's
+    tables, which a trigger makes last a second),
     by 1.3.0 again (a rollback), by this version again, and by 1.3.0 once its receiver
     is up. Each step keeps every plant and every event; this version counts them in
     /metrics, their age from the upgrade, and 1.3.0 delivers them all at the end."""
@@ -1006,6 +1041,7 @@ def rolled_back_to_1_3_0_and_forward(spawn, folder, db, receiver):
     assert "created" not in event_columns(db)
     assert events() == dict.fromkeys(range(1, 6))
 
+    slow_upgrade(db, 0.2)  # 1 s for the 5 events: the workers all start meanwhile
     upgrade = time.time()
     served = serve(new, workers=4)  # 4 workers upgrade it at once
     assert listed_ids(*served.address) == list(range(1, 6))
