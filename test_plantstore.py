@@ -13,6 +13,7 @@ import inspect
 import io
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -37,10 +38,12 @@ import pytest
 import schemathesis
 import standardwebhooks
 import webtest
+from prometheus_client.parser import text_string_to_metric_families
 
 import plantstore
 from plantstore_postgres import PostgresStore
 from plantstore import (
+    HEALTH_WAIT_SECONDS,
     JSON_TYPE,
     INT64_MAX,
     INT64_MIN,
@@ -72,20 +75,29 @@ from testbed import (
     listed_ids,
     next_link,
     over_http,
+    plantstore_1_3_0,
     post,
     post_over_http,
     processes_in_group,
+    prometheus_binary,
+    prometheus_query,
     read_database,
+    read_metrics,
+    rolled_back_to_1_3_0_and_forward,
     run_plantstore,
+    same_backlog_from_every_worker,
+    scrape,
     serve_batches,
     serve_plantstore,
     start_a_server,
     start_granian,
     start_gunicorn,
     start_nginx,
+    start_prometheus,
     stop_service,
     stored_plants,
     wait_listening,
+    wait_apps_built,
     wait_until,
 )
 
@@ -271,6 +283,384 @@ def test_health_needs_no_token_and_says_ok(any_app):
         and response.content_type == "application/json"
     )
     assert any_app.head("/health", status=200).body == b""
+
+
+# ---- Metrics for Prometheus (issue 46) ----
+#
+# GET /metrics, with the token: what is true of the whole service, read from the store
+# every worker shares, in Prometheus's text format 0.0.4, bounded like /health.
+
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+FAMILIES = {  # each with its HELP and TYPE lines, and the label of its series
+    "plantstore_info": "version",
+    "plantstore_database_up": None,
+    "plantstore_database_query_seconds": None,
+    "plantstore_webhook_events_waiting": "receiver",
+    "plantstore_webhook_events_failing": "receiver",
+    "plantstore_webhook_oldest_event_age_seconds": "receiver",
+}
+
+
+def write_events(path, events):
+    """Events straight into the outbox, as senders leave them: (url, attempts,
+    created), created None as 1.3.0 writes it."""
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.executemany(
+            "INSERT INTO plant_events (url, webhook_id, body, attempts, next_at,"
+            " created) VALUES (?, 'msg_x', x'7b7d', ?, 0, ?)",
+            events,
+        )
+
+
+def test_metrics_need_the_token_and_answer_prometheus_s_text_format(app):
+    for headers in {}, {"Authorization": f"Bearer {'not-the-token-' * 2}"}:
+        refused = app.get("/metrics", headers=headers, status=401)
+        assert_error(refused, 401)
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "plantstore_" not in refused.text
+    answer = app.get("/metrics", headers=AUTH, status=200)
+    assert answer.headers["Content-Type"] == METRICS_TYPE
+    assert int(answer.headers["Content-Length"]) == len(answer.body)
+    assert answer.text.endswith("\n")
+    assert app.head("/metrics", headers=AUTH, status=200).body == b""
+    read = {f.name: f for f in text_string_to_metric_families(answer.text)}
+    assert FAMILIES.keys() <= read.keys()
+    for name, family in read.items():
+        assert family.type == "gauge" and family.documentation, name
+        assert f"# HELP {name} {family.documentation}\n" in answer.text
+        assert f"# TYPE {name} gauge\n" in answer.text
+    assert [s.labels for s in read["plantstore_info"].samples] == [
+        {"version": plantstore.__version__}
+    ]
+    values = read_metrics(answer.text)
+    assert values["plantstore_info"] == {plantstore.__version__: 1}
+    assert values["plantstore_database_up"] == 1
+    assert 0 <= values["plantstore_database_query_seconds"] < HEALTH_WAIT_SECONDS
+    assert "receiver=" not in answer.text  # no webhook: no receiver
+
+
+def test_metrics_count_each_receiver_s_waiting_and_failing_events_and_the_oldest_s_age(
+    tmp_path,
+):
+    path = tmp_path / "plants.sqlite3"
+    application = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
+    now = time.time()
+    write_events(
+        path,
+        [
+            ("http://a.example:8080/hook", 0, now - 3600),
+            ("http://a.example:8080/hook", 2, now - 60),
+            ("http://a.example:8080/other?key=SECRET-IN-QUERY", 1, now - 10),
+            ("http://a.example:8080/hook", 0, None),  # 1.3.0's, after a rollback
+            ("https://b.example/hook", 0, None),
+            ("https://b.example/hook", 3, None),
+        ],
+    )
+    text = application.get("/metrics", headers=AUTH, status=200).text
+    read = read_metrics(text)
+    asked = time.time()
+    assert read["plantstore_database_up"] == 1
+    assert read["plantstore_webhook_events_waiting"] == {
+        "http://a.example:8080": 4,  # its two URLs add up, 1.3.0's event counted
+        "https://b.example": 2,
+    }
+    assert read["plantstore_webhook_events_failing"] == {
+        "http://a.example:8080": 2,
+        "https://b.example": 1,
+    }
+    ages = read["plantstore_webhook_oldest_event_age_seconds"]
+    assert 3600 - 0.001 <= ages["http://a.example:8080"] <= asked - now + 3600 + 0.001
+    assert ages["https://b.example"] == 0  # none of its events has a creation time
+    assert "SECRET" not in text and "/hook" not in text and "/other" not in text
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_metrics_name_a_receiver_by_its_origin_alone_and_add_up_the_urls_of_one(
+    kind, tmp_path, receiver
+):
+    """Configured receivers show 0 before any event; two URLs of one origin, one with a
+    secret in its query, are one series; a receiver that got its events shows 0."""
+    down, live = free_port(), receiver()  # no one listens on `down`: its events wait
+    urls = [
+        f"http://127.0.0.1:{down}/plant/webhook?token=SECRET-IN-QUERY",
+        f"http://127.0.0.1:{down}/other/path",
+        live.url,
+    ]
+    store = PlantStore() if kind == "memory" else SQLiteStore(tmp_path / "p.sqlite3")
+    served = make_app([TOKEN], store=store, webhook_urls=urls, webhook_secret=SECRET)
+    application = webtest.TestApp(served)
+    origins = f"http://127.0.0.1:{down}", live.url.removesuffix("/plant/webhook")
+
+    def read():
+        text = application.get("/metrics", headers=AUTH, status=200).text
+        assert "SECRET" not in text and "token" not in text and "/plant" not in text
+        assert "/other" not in text
+        return read_metrics(text)
+
+    try:
+        assert read()["plantstore_webhook_events_waiting"] == dict.fromkeys(origins, 0)
+        for plant_id in range(3):
+            post(application, {"id": plant_id, "name": f"plant {plant_id}"}, 200)
+        live.wait_for(3)
+        expected = dict(zip(origins, (6, 0), strict=True))  # 2 URLs, 3 events each
+        wait_until(
+            lambda: read()["plantstore_webhook_events_waiting"] == expected,
+            lambda: f"not {expected} waiting: {read()}",
+        )
+        ages = read()["plantstore_webhook_oldest_event_age_seconds"]
+        assert ages[origins[0]] > 0 and ages[origins[1]] == 0
+    finally:
+        served.webhook_sender.close()
+
+
+def test_metrics_cost_one_query_of_the_outbox_and_none_of_the_plants(tmp_path):
+    path = tmp_path / "plants.sqlite3"
+    store = SQLiteStore(path)
+    application = webtest.TestApp(make_app([TOKEN], store=store))
+    write_events(path, [(f"http://{n}.example/hook", n, time.time()) for n in range(5)])
+    ran, execute = [], store.execute
+
+    def recorded(db, sql, parameters, deadline):
+        ran.append(sql)
+        return execute(db, sql, parameters, deadline)
+
+    store.execute = recorded
+    read = read_metrics(application.get("/metrics", headers=AUTH, status=200).text)
+    assert len(read["plantstore_webhook_events_waiting"]) == 5
+    assert len(ran) == 1 and "FROM plant_events" in ran[0], ran
+    assert ran[0].startswith("SELECT ")
+
+
+SQLITE_FILE_HOLDER = (  # python -c SQLITE_FILE_HOLDER FILE SECONDS: from readers too
+    "import sqlite3, sys, time\n"
+    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "db.execute('PRAGMA locking_mode=EXCLUSIVE')\n"
+    "db.execute('BEGIN EXCLUSIVE')\n"
+    "db.execute('DELETE FROM plants WHERE id = -1')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+
+
+@pytest.mark.parametrize("held", ["a-write-transaction", "the-file-from-readers-too"])
+def test_metrics_sqlite_held_by_another_process_answer_200_within_2_5_s(
+    held, spawn, tmp_path
+):
+    """Another process's exclusive transaction leaves WAL's readers be: the scrape
+    counts; one that holds the file in exclusive locking mode stops reads too: the
+    scrape says the database is down. Each answers 200 within 2.5 s."""
+    holder, up = {  # SQLITE_LOCKER: below, with the outage's tests
+        "a-write-transaction": (SQLITE_LOCKER, 1),
+        "the-file-from-readers-too": (SQLITE_FILE_HOLDER, 0),
+    }[held]
+    path = tmp_path / "plants.sqlite3"
+    SQLiteStore(path)  # the tables, then events waiting for a receiver
+    write_events(path, [("http://hooks.example/a", 0, time.time())] * 3)
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
+    _, host, port, err = start_gunicorn(spawn, env, 2, 4)  # no connection held yet
+    wait_apps_built(err, 2)
+    locker = subprocess.Popen(
+        [sys.executable, "-c", holder, path, str(WAIT)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert locker.stdout.readline() == "locked\n"
+        scrapes = [scrape(host, port) for _ in range(4)]
+    finally:
+        locker.kill()
+        locker.wait()
+        locker.stdout.close()
+    for seconds, status, headers, text in scrapes:
+        assert status == 200 and headers["Content-Type"] == METRICS_TYPE, text
+        assert seconds < OUTAGE_HEALTH_BOUND, f"answered after {seconds:.2f} s"
+        read = read_metrics(text)
+        assert read["plantstore_database_up"] == up
+        waiting = {"http://hooks.example": 3} if up else {}
+        assert read.get("plantstore_webhook_events_waiting", {}) == waiting
+
+
+def test_metrics_every_worker_answers_the_same_backlog_on_sqlite(spawn, tmp_path):
+    expected, backlogs, answered = same_backlog_from_every_worker(
+        spawn, str(tmp_path / "plants.sqlite3")
+    )
+    assert backlogs == [expected] * len(backlogs), f"answered by {answered}"
+
+
+def test_metrics_a_1_3_0_sqlite_file_is_upgraded_at_start_and_1_3_0_still_serves_it(
+    spawn, tmp_path, receiver
+):
+    path = str(tmp_path / "plants.sqlite3")
+    rolled_back_to_1_3_0_and_forward(spawn, tmp_path, path, receiver)
+    indexes = read_database(path, "SELECT name FROM sqlite_master WHERE type='index'")
+    assert ("plant_events_receivers",) in indexes
+
+
+def test_metrics_a_1_3_0_sqlite_upgrade_that_outlasts_the_bound_starts_each_worker(
+    spawn, tmp_path
+):
+    """Found by benchmarks/metrics.py: a 1.3.0 file holding 2,000,000 waiting events
+    took 6.5 s to upgrade here, and gunicorn -w 2 on it stopped ("App failed to load"):
+    the other worker's wait for the writers' turn at start gives up after
+    DB_WAIT_SECONDS, which the upgrade outlasts. Here a trigger the test adds makes a
+    small file's upgrade last about 8 s on any machine (calibrated), so that both
+    workers must wait it out."""
+    old = plantstore_1_3_0(tmp_path / "1.3.0")
+    path = tmp_path / "plants.sqlite3"
+    make = "import sys, plantstore; plantstore.SQLiteStore(sys.argv[1])"
+    subprocess.run(  # 1.3.0's tables, made by 1.3.0
+        [sys.executable, "-c", make, str(path)],
+        cwd=old.parent,
+        check=True,
+        timeout=WAIT,
+    )
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("CREATE TABLE slow (n)")
+        db.executemany("INSERT INTO slow VALUES (?)", [(n,) for n in range(3000)])
+        started = time.monotonic()
+        db.execute("SELECT count(*) FROM slow a, slow b").fetchone()
+        events = math.ceil(8 / (time.monotonic() - started))  # each one that long
+        db.executemany(
+            "INSERT INTO plant_events (url, webhook_id, body, next_at)"
+            " VALUES ('http://hooks.example/a', 'msg_x', x'7b7d', 0)",
+            [()] * events,
+        )
+        db.execute(
+            "CREATE TRIGGER slow_upgrade AFTER UPDATE ON plant_events"
+            " BEGIN SELECT count(*) FROM slow a, slow b; END"
+        )
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
+    started = time.monotonic()
+    _, _, _, err = start_gunicorn(spawn, env, 2, 4)
+    while sum(line.count(", plants in ") for line in err.seen) < 2:
+        said = err.until(r", plants in |cannot be opened.*|Reason: .*")[0]
+        assert said == ", plants in ", "".join(err.seen)
+    assert time.monotonic() - started > plantstore.DB_WAIT_SECONDS  # it outlasted it
+    created = read_database(str(path), "SELECT DISTINCT created FROM plant_events")
+    assert len(created) == 1 and created[0][0] is not None  # upgraded once
+
+
+def test_metrics_scraped_by_prometheus_the_backlog_reads_back_through_its_api(
+    spawn, tmp_path
+):
+    """Debian's prometheus scrapes gunicorn -w 2 on SQLite with the token, read from a
+    file; its HTTP API then answers the backlog, under the receiver's origin."""
+    down = free_port()  # no one listens: every event waits
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"),
+        PLANTSTORE_WEBHOOK_URL=f"http://127.0.0.1:{down}/hook?key=SECRET-IN-QUERY",
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    _, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+    for plant_id in range(6):
+        document = {"id": plant_id, "name": f"plant {plant_id}"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 200
+    prometheus = start_prometheus(spawn, tmp_path, [f"{host}:{port}"])
+    assert TOKEN not in (tmp_path / "prometheus.yml").read_text()
+    target = {"instance": f"{host}:{port}", "job": "plantstore"}
+
+    def series(query):
+        return {
+            tuple((k, v) for k, v in labels if k != "__name__"): value
+            for labels, value in prometheus_query(prometheus, query).items()
+        }
+
+    wait_until(
+        lambda: series("plantstore_webhook_events_waiting"),
+        lambda: f"prometheus holds no backlog: {series('up')}",
+    )
+    receiver = {**target, "receiver": f"http://127.0.0.1:{down}"}
+    assert series("plantstore_webhook_events_waiting") == {
+        tuple(sorted(receiver.items())): 6
+    }
+    assert series("up") == {tuple(sorted(target.items())): 1}
+    assert series("plantstore_database_up") == {tuple(sorted(target.items())): 1}
+    ages = series("plantstore_webhook_oldest_event_age_seconds")
+    assert list(ages) == [tuple(sorted(receiver.items()))] and min(ages.values()) > 0
+
+
+def alert_rules():
+    """docs/operations.md's alert rules, as written there."""
+    found = re.search(
+        r"<!-- alert rules -->\n```yaml\n(.*?)```\n",
+        (HERE / "docs" / "operations.md").read_text(),
+        re.S,
+    )
+    assert found, "docs/operations.md has no alert rules (<!-- alert rules -->)"
+    return found[1]
+
+
+# promtool's own test of the rules: an oldest event's age that grows a minute a minute
+# (no alert at 30 minutes, one at 31), and a database down from minute 2 (no alert at 6
+# minutes, one at 7, after 5 minutes down)
+ALERT_RULES_TEST = """\
+rule_files: [plantstore.rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'plantstore_webhook_oldest_event_age_seconds{job="plantstore",
+          instance="app1:8000", receiver="https://hooks.example"}'
+        values: '0+60x60'
+      - series: 'plantstore_webhook_oldest_event_age_seconds{job="plantstore",
+          instance="app1:8000", receiver="https://fine.example"}'
+        values: '0x60'
+      - series: 'plantstore_database_up{job="plantstore", instance="app1:8000"}'
+        values: '1 1 0x20'
+      - series: 'plantstore_database_up{job="plantstore", instance="app2:8000"}'
+        values: '1x22'
+    alert_rule_test:
+      - {eval_time: 30m, alertname: PlantstoreWebhookEventsWaiting, exp_alerts: []}
+      - eval_time: 31m
+        alertname: PlantstoreWebhookEventsWaiting
+        exp_alerts:
+          - exp_labels: {severity: warning, job: plantstore,
+              receiver: "https://hooks.example"}
+            exp_annotations: {summary: "Webhook events for https://hooks.example have
+              waited more than 30 minutes"}
+      - {eval_time: 6m, alertname: PlantstoreDatabaseDown, exp_alerts: []}
+      - eval_time: 7m
+        alertname: PlantstoreDatabaseDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: plantstore, instance: "app1:8000"}
+            exp_annotations: {summary: "app1:8000 has not reached its database for 5
+              minutes"}
+"""
+
+
+def test_operations_md_alert_rules_pass_promtool_and_fire_when_the_doc_says(tmp_path):
+    (tmp_path / "plantstore.rules.yml").write_text(alert_rules())
+    (tmp_path / "test.yml").write_text(ALERT_RULES_TEST)
+    said = {}
+    for command in "check rules plantstore.rules.yml", "test rules test.yml":
+        done = subprocess.run(
+            [prometheus_binary("promtool"), *command.split()],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        said[command] = done.stdout + done.stderr
+        assert done.returncode == 0, f"promtool {command}:\n{said[command]}"
+    assert "SUCCESS: 2 rules found" in said["check rules plantstore.rules.yml"]
+
+
+def test_operations_md_describes_each_metric_served_and_no_other():
+    served = {
+        family.name
+        for family in text_string_to_metric_families(
+            webtest.TestApp(make_app([TOKEN])).get("/metrics", headers=AUTH).text
+        )
+    }
+    described = {
+        cells[0].strip("`").partition("{")[0]
+        for _, cells in doc_table("docs/operations.md", "| metric | meaning |")
+    }
+    assert described == served, f"docs/operations.md's table: /metrics serves {served}"
+    rules = set(re.findall(r"plantstore_\w+", alert_rules()))
+    assert rules <= served, f"the alert rules name {rules - served}"
 
 
 # ---- Routes and methods come before authentication ----
@@ -1336,6 +1726,125 @@ def test_the_readme_store_example_works_as_pasted():
         "Link"
     ]
     application.delete("/plants/1", headers=headers, status=204)
+
+
+# ---- Request ids (issue 46) ----
+#
+# Every answer the application makes carries an X-Request-ID: the client's own when it
+# matches [A-Za-z0-9._-]{1,64} (safe to echo and to log), else 16 hex digits made anew;
+# a 500 names it in its log line, above the traceback.
+
+KEPT_IDS = {
+    "one character": "a",
+    "a uuid": "0f8fad5b-d9cb-469f-a165-70867728950e",
+    "dots and underscores": "req.42_Retry-2",
+    "64 characters": "A" * 64,
+    "nginx's": "5e1f3b2a9c8d7e6f5a4b3c2d1e0f9a8b",
+}
+REPLACED_IDS = {  # None: no X-Request-ID sent
+    "absent": None,
+    "empty": "",
+    "65 characters": "A" * 65,
+    "a space": "two words",
+    "a slash": "a/b",
+    "a quote": 'a"b',
+    "a colon": "a:b",
+    "a line break": "a\nb",
+    "not ASCII": "caf\xe9",  # as a WSGI server hands a header on: latin-1
+}
+
+
+def answered_ids(application, answered):
+    """application, recording in `answered` each X-Request-ID header it answers."""
+
+    def recorded(environ, start_response):
+        def start(status, headers, exc_info=None):
+            answered.extend(v for k, v in headers if k.lower() == "x-request-id")
+            return start_response(status, headers, exc_info)
+
+        return application(environ, start)
+
+    return recorded
+
+
+def answer_of(case, tmp_path, request_id):
+    """One request of the case (by its status), sending request_id (None: no header);
+    return (status, the X-Request-ID headers answered, what went to wsgi.errors)."""
+    store, arguments = PlantStore(), dict(method="GET", path="/plants")
+    if case == 500:
+        arguments = dict(method="POST", body=b'{"id": 1, "name": "x"}')
+        store = BrokenStore()
+    if case == 503:  # an SQLite file deleted under the running service
+        store = SQLiteStore(tmp_path / "plants.sqlite3")
+        os.remove(tmp_path / "plants.sqlite3")
+    arguments |= {
+        200: dict(method="POST", body=b'{"id": 1, "name": "Fern"}'),
+        204: dict(method="OPTIONS"),
+        401: dict(environ={"HTTP_AUTHORIZATION": None}),
+        404: dict(path="/plants/"),
+        405: dict(method="PUT"),
+        413: dict(method="POST", body=b" " * (MAX_BODY_BYTES + 1)),
+        "metrics": dict(path="/metrics"),
+    }.get(case, {})
+    errors, answered = io.StringIO(), []
+    environ = {
+        **arguments.pop("environ", {}),
+        "wsgi.errors": errors,
+        "HTTP_X_REQUEST_ID": request_id,  # None: left out
+    }
+    status, _, _ = call(
+        answered_ids(make_app([TOKEN], store=store), answered),
+        environ=environ,
+        **arguments,
+    )
+    assert case in (status, "metrics"), f"the case {case} answered {status}"
+    return status, answered, errors.getvalue()
+
+
+ID_CASES = [200, 204, 401, 404, 405, 413, 503, 500, "metrics"]
+
+
+@pytest.mark.parametrize("case", ID_CASES)
+@pytest.mark.parametrize("request_id", KEPT_IDS.values(), ids=list(KEPT_IDS))
+def test_request_id_a_client_s_own_is_answered_as_it_is_errors_too(
+    case, request_id, tmp_path
+):
+    _, answered, _ = answer_of(case, tmp_path, request_id)
+    assert answered == [request_id]
+
+
+@pytest.mark.parametrize("case", ID_CASES)
+@pytest.mark.parametrize("request_id", REPLACED_IDS.values(), ids=list(REPLACED_IDS))
+def test_request_id_any_other_is_replaced_by_16_hex_digits_errors_too(
+    case, request_id, tmp_path
+):
+    _, answered, _ = answer_of(case, tmp_path, request_id)
+    assert len(answered) == 1 and re.fullmatch("[0-9a-f]{16}", answered[0])
+
+
+def test_request_id_made_anew_for_each_request():
+    answered = []
+    application = answered_ids(make_app([TOKEN]), answered)
+    for _ in range(200):
+        call(application, method="GET", path="/plants")
+    assert len(set(answered)) == 200
+
+
+@pytest.mark.parametrize(
+    "request_id", ["client-chose.this_1", None, "not kept: spaces"], ids=str
+)
+def test_request_id_of_a_500_is_in_its_log_line_above_the_traceback(
+    request_id, tmp_path
+):
+    status, (answered,), logged = answer_of(500, tmp_path, request_id)
+    assert status == 500
+    if request_id == "client-chose.this_1":
+        assert answered == request_id
+    first, second, *_ = logged.splitlines()
+    assert first == f"plantstore: request {answered} failed:"
+    assert second == "Traceback (most recent call last):"
+    assert "the disk is on fire" in logged and TOKEN not in logged
+    assert logged.count(answered) == 1 and "not kept" not in logged
 
 
 # ---- Threads against one application ----
@@ -5665,6 +6174,46 @@ def test_nginx_keeps_query_strings_out_of_its_access_log(nginx_in_front):
     logged = access_log.read_text()
     assert '"GET /plants" 200' in logged and " 400 " in logged
     assert "SECRET" not in logged and TOKEN not in logged
+
+
+def test_nginx_passes_the_client_s_request_id_or_its_own_and_logs_the_one_answered(
+    nginx_in_front,
+):
+    """deploy/nginx.conf's map: the client's X-Request-ID when plantstore would keep it,
+    else nginx's $request_id (32 hex digits), sent to gunicorn, answered by plantstore
+    and written last in nginx's access log line, an error's (401) too."""
+    sent = {  # the id sent (None: none), the token, the status
+        "client-chose.this_1": (TOKEN, 200),
+        None: (TOKEN, 200),
+        "not kept: spaces": (TOKEN, 200),
+        "B" * 65: (TOKEN, 200),
+        "on.a.401": ("not-the-token-not-the-token", 401),
+    }
+    answered = []
+    for request_id, (token, status) in sent.items():
+        got, headers, _ = exchange(
+            "127.0.0.1",
+            nginx_in_front.port,
+            "GET",
+            "/plants",
+            token=token,
+            headers=request_id and {"X-Request-ID": request_id},
+        )
+        assert got == status
+        answered.append(headers["X-Request-ID"])
+    assert answered[0] == "client-chose.this_1" and answered[4] == "on.a.401"
+    assert all(re.fullmatch("[0-9a-f]{32}", made) for made in answered[1:4]), answered
+    assert len(set(answered)) == len(answered)
+    access_log = nginx_in_front.folder / "access.log"
+    wait_until(
+        lambda: access_log.read_text().count("\n") == len(sent),
+        lambda: f"nginx logged {access_log.read_text()!r}, not one line per request",
+    )
+    # each worker of nginx writes its lines once it has answered: in any order
+    text = access_log.read_text()
+    logged = {line.split()[-1]: line.split()[-4] for line in text.splitlines()}
+    assert logged == dict(zip(answered, ["200"] * 4 + ["401"], strict=True))  # $status
+    assert "not kept" not in text and "B" * 65 not in text
 
 
 # ---- granian, the other production server, with deploy/plantstore-granian.service ----

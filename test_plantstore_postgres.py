@@ -51,6 +51,7 @@ from testbed import (
     Runbook,
     assert_secret_kept,
     assert_unavailable,
+    backlog,
     cluster_pids,
     environ_without_tokens,
     exchange,
@@ -61,13 +62,18 @@ from testbed import (
     over_http,
     post,
     post_over_http,
+    read_metrics,
+    rolled_back_to_1_3_0_and_forward,
     run_plantstore,
+    same_backlog_from_every_worker,
+    scrape,
     serve_batches,
     serve_plantstore,
     start_gunicorn,
     start_nginx,
     stop_service,
     stored_plants,
+    wait_apps_built,
     wait_until,
 )
 
@@ -406,6 +412,104 @@ def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_st
         ), (status, headers, body)
     created = creates_until(address, 1000, 8, WAIT)
     assert set(created) <= set(stored_plants(pg_url))
+
+
+# ---- Metrics for Prometheus (issue 46) ----
+
+
+def test_metrics_postgres_counts_by_receiver_origin_and_1_3_0_s_events_have_no_age(
+    pg_url,
+):
+    application = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
+    now = time.time()
+    with psycopg.connect(pg_url) as db:
+        db.cursor().executemany(
+            "INSERT INTO plant_events"
+            " (url, webhook_id, body, attempts, next_at, created)"
+            " VALUES (%s, 'msg_x', '\\x7b7d', %s, 0, %s)",
+            [
+                ("http://a.example:8080/hook", 0, now - 3600),
+                ("http://a.example:8080/other?key=SECRET-IN-QUERY", 1, now - 10),
+                ("http://a.example:8080/hook", 0, None),  # 1.3.0's, after a rollback
+                ("https://b.example/hook", 2, None),
+            ],
+        )
+    text = application.get("/metrics", headers=AUTH, status=200).text
+    asked, read = time.time(), read_metrics(text)
+    assert read["plantstore_database_up"] == 1
+    assert read["plantstore_webhook_events_waiting"] == {
+        "http://a.example:8080": 3,
+        "https://b.example": 1,
+    }
+    assert read["plantstore_webhook_events_failing"] == {
+        "http://a.example:8080": 1,
+        "https://b.example": 1,
+    }
+    ages = read["plantstore_webhook_oldest_event_age_seconds"]
+    assert 3600 - 0.001 <= ages["http://a.example:8080"] <= asked - now + 3600 + 0.001
+    assert ages["https://b.example"] == 0
+    assert "SECRET" not in text and "/hook" not in text
+
+
+def test_metrics_postgres_silent_answers_200_within_2_5_s_with_database_up_0(
+    postgres, pg_url, spawn
+):
+    """Every process of the cluster stopped (no answer, no refusal): each scrape of
+    gunicorn -w 2 --threads 4 answers 200 within 2.5 s, the database down, the
+    configured receiver at 0; once it is back, the scrapes say so."""
+    down = free_port()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=f"http://127.0.0.1:{down}/plant/webhook",
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    _, host, port, err = start_gunicorn(spawn, env, 2, 4)
+    wait_apps_built(err, 2)
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    origin = f"http://127.0.0.1:{down}"
+    assert backlog(host, port) == {origin: 1}
+    stopped = []
+    try:
+        postmaster, *_ = cluster_pids(postgres)
+        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
+        stopped.append(postmaster)
+        for pid in cluster_pids(postgres)[1:]:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        scrapes = [scrape(host, port) for _ in range(4)]
+    finally:
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    for seconds, status, headers, text in scrapes:
+        assert status == 200, text
+        assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert seconds < 2.5, f"answered after {seconds:.2f} s"
+        read = read_metrics(text)
+        assert read["plantstore_database_up"] == 0
+        assert read["plantstore_webhook_events_waiting"] == {origin: 0}
+    back = {  # in one scrape: a worker whose breaker is still open says 0 and 0
+        "plantstore_database_up": 1,
+        "plantstore_webhook_events_waiting": {origin: 1},
+    }
+
+    def said():
+        read = read_metrics(scrape(host, port)[3])
+        return {name: read.get(name) for name in back}
+
+    wait_until(lambda: said() == back, lambda: f"once it is back: {said()}")
+
+
+def test_metrics_every_worker_answers_the_same_backlog_on_postgres(spawn, pg_url):
+    expected, backlogs, answered = same_backlog_from_every_worker(spawn, pg_url)
+    assert backlogs == [expected] * len(backlogs), f"answered by {answered}"
+
+
+def test_metrics_a_1_3_0_postgres_database_is_upgraded_at_start_and_1_3_0_serves_it(
+    spawn, tmp_path, pg_url, receiver
+):
+    rolled_back_to_1_3_0_and_forward(spawn, tmp_path, pg_url, receiver)
 
 
 # ---- Two gunicorn instances on one PostgreSQL ----

@@ -2,9 +2,10 @@
 files share; nothing here is a test. The fixtures `spawn`, `postgres`, `pg_url`,
 `receiver` and `runbook` are defined here and registered for the suite by conftest.py;
 the benchmarks import `Postgres` and the rest from here. Each is always stopped: every
-subprocess (plantstore.py, gunicorn, granian, uWSGI, waitress, cheroot, werkzeug, nginx,
-a runbook's block) is started by `spawn` in a session of its own, and when the test
-ends, its whole process group is killed (SIGKILL), workers included; the suite's
+subprocess (plantstore.py, 1.3.0's too, gunicorn, granian, uWSGI, waitress, cheroot,
+werkzeug, nginx, prometheus, a runbook's block) is started by `spawn` in a session of
+its own, and when the test ends, its whole process group is killed (SIGKILL), workers
+included; the suite's
 PostgreSQL (`Postgres`: initdb and pg_ctl in a temporary folder, on a free loopback
 port) is started once, by the session fixture `postgres`, and stopped with its folder
 removed when the session ends, on SIGTERM too, while a benchmark that starts one removes
@@ -37,10 +38,12 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlencode
 
 import psycopg
 import pytest
 import standardwebhooks
+from prometheus_client.parser import text_string_to_metric_families
 
 TOKEN = "test-token-1-a7Qm9xZ2"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -752,6 +755,330 @@ class Creates:
         for thread in self._threads:
             thread.join(WAIT)
         return set(self.answered)
+
+
+# ---- Metrics: scraped as Prometheus scrapes them, and Prometheus itself ----
+
+
+def scrape(host, port, token=TOKEN):
+    """GET /metrics with the token, as Prometheus sends it; return (seconds from sending
+    to the whole answer, status, headers, text)."""
+    sent = time.monotonic()
+    connection = http.client.HTTPConnection(host, int(port), timeout=WAIT)
+    try:
+        connection.request(
+            "GET", "/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
+        response = connection.getresponse()
+        text = response.read().decode()
+        headers = dict(response.getheaders())
+        return time.monotonic() - sent, response.status, headers, text
+    finally:
+        connection.close()
+
+
+def read_metrics(text):
+    """A scrape as prometheus_client's parser reads it: {name: value} for a series
+    without labels, {name: {its one label's value: value}} for the others
+    (plantstore_info by version, the webhook series by receiver)."""
+    read = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels:
+                (label,) = sample.labels.values()
+                read.setdefault(sample.name, {})[label] = sample.value
+            else:
+                read[sample.name] = sample.value
+    return read
+
+
+def backlog(host, port):
+    """The webhook events waiting, by receiver, as one scrape of /metrics says."""
+    _, status, _, text = scrape(host, port)
+    assert status == 200, text
+    return read_metrics(text).get("plantstore_webhook_events_waiting", {})
+
+
+def prometheus_binary(name="prometheus"):
+    found = shutil.which(name)
+    assert found, (
+        f"{name} is not installed: apt-get install prometheus (.ci/run does it)"
+    )
+    return found
+
+
+def start_prometheus(spawn, folder, targets, token=TOKEN):
+    """Debian's prometheus on a free loopback port, scraping /metrics of `targets`
+    (host:port) every second with the bearer token, which it reads from a file (never
+    on a command line); return its port once it is ready. `spawn` stops it."""
+    token_file = folder / "prometheus-token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    config = folder / "prometheus.yml"
+    config.write_text(
+        "scrape_configs:\n"
+        "  - job_name: plantstore\n"
+        "    scrape_interval: 1s\n"
+        "    scrape_timeout: 1s\n"
+        "    metrics_path: /metrics\n"
+        "    authorization:\n"
+        f"      credentials_file: {token_file}\n"
+        "    static_configs:\n"
+        f"      - targets: {json.dumps(list(targets))}\n"
+    )
+    port = free_port()
+    process = spawn(
+        [
+            prometheus_binary(),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={folder / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        environ_without_tokens(),
+    )
+    log = Lines(process.stderr)  # read as it comes: a full pipe would stop it
+    Lines(process.stdout)
+
+    def ready():
+        assert process.poll() is None, f"prometheus stopped: {log.rest()}"
+        with contextlib.suppress(OSError):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+            try:
+                connection.request("GET", "/-/ready")
+                return connection.getresponse().status == 200
+            finally:
+                connection.close()
+        return False
+
+    wait_until(ready, "prometheus did not get ready")
+    return port
+
+
+def prometheus_query(port, query):
+    """An instant query of Prometheus's HTTP API: {the series' labels, as a sorted
+    tuple of pairs: its value}."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+    try:
+        connection.request("GET", "/api/v1/query?" + urlencode({"query": query}))
+        answer = json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+    assert answer["status"] == "success", answer
+    return {
+        tuple(sorted(series["metric"].items())): float(series["value"][1])
+        for series in answer["data"]["result"]
+    }
+
+
+def wait_apps_built(err, processes):
+    """Wait until `processes` processes have printed their start line ("version ...,
+    plants in ..."): each has built the app. Counted in the text, not by lines: two
+    processes writing at once may put their lines on one, since print() writes a
+    message and its line break apart."""
+    while sum(line.count(", plants in ") for line in err.seen) < processes:
+        err.until(", plants in ")
+
+
+# gunicorn's access log on its stdout, naming the worker (its pid) that answered
+WORKER_ACCESS_LOG = ("--access-logfile", "-", "--access-logformat", "%(p)s %(r)s")
+
+
+def same_backlog_from_every_worker(spawn, db, creates=10, scrapes=12):
+    """gunicorn -w 2 --threads 4 on db, its webhook's receiver down: `creates` creates,
+    then GET /metrics in a row, `scrapes` times and until each worker has answered
+    some (gunicorn's access log names the worker); return the backlogs said, and the
+    scrapes each worker answered, by pid."""
+    down = free_port()  # no one listens there: every event waits
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db,
+        PLANTSTORE_WEBHOOK_URL=f"http://127.0.0.1:{down}/plant/webhook",
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    process, host, port, _ = start_gunicorn(spawn, env, 2, 4, *WORKER_ACCESS_LOG)
+    access = Lines(process.stdout)
+    for plant_id in range(1, creates + 1):
+        document = {"id": plant_id, "name": f"plant {plant_id}"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 200
+    backlogs, answered = [], collections.Counter()
+    while len(backlogs) < scrapes or len(answered) < 2:
+        assert len(backlogs) < 20 * scrapes, f"one worker answered: {answered}"
+        backlogs.append(backlog(host, port))
+        answered[int(access.until(r"^<(\d+)> GET /metrics ")[1])] += 1
+    return {f"http://127.0.0.1:{down}": creates}, backlogs, answered
+
+
+RELEASE_1_3_0 = "6cbd149"  # the commit of 1.3.0: an upgrade is tested with its own code
+
+
+def plantstore_1_3_0(folder):
+    """1.3.0's plantstore.py (PostgresStore was inside it), from the repository's
+    history, written into folder; return its path."""
+    shown = subprocess.run(
+        ["git", "-C", str(HERE), "show", f"{RELEASE_1_3_0}:plantstore.py"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert shown.returncode == 0, (
+        f"1.3.0's code comes from the repository's history (git show "
+        f"{RELEASE_1_3_0}:plantstore.py): {shown.stderr}"
+    )
+    assert '\n__version__ = "1.3.0"\n' in shown.stdout
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "plantstore.py"
+    path.write_text(shown.stdout)
+    return path
+
+
+def event_columns(db):
+    """The columns of plant_events, in the SQLite file or the PostgreSQL database."""
+    if db.startswith("postgresql://"):
+        query = (
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = 'plant_events' ORDER BY ordinal_position"
+        )
+    else:
+        query = "SELECT name FROM pragma_table_info('plant_events')"
+    return [column for (column,) in read_database(db, query)]
+
+
+# An UPDATE that changes none of 1.3.0's columns of an event: the upgrade's, which sets
+# `created`, and no other (a sender's changes `lease`, `next_at` or `attempts`)
+UPGRADE_UPDATE = " AND ".join(
+    f"NEW.{column} = OLD.{column}" for column in ("lease", "next_at", "attempts")
+)
+
+
+def slow_upgrade(db, seconds):
+    """Make the upgrade of each event of db (1.3.0's) last about `seconds`, with a
+    trigger: workers that start together then overlap it, and must wait it out."""
+    if db.startswith("postgresql://"):
+        with psycopg.connect(db, autocommit=True) as connection:
+            connection.execute(
+                "CREATE FUNCTION slow_upgrade() RETURNS trigger LANGUAGE plpgsql AS"
+                f" $$ BEGIN PERFORM pg_sleep({seconds}); RETURN NEW; END $$"
+            )
+            connection.execute(
+                "CREATE TRIGGER slow_upgrade BEFORE UPDATE ON plant_events FOR EACH"
+                f" ROW WHEN ({UPGRADE_UPDATE}) EXECUTE FUNCTION slow_upgrade()"
+            )
+        return
+    with contextlib.closing(sqlite3.connect(db)) as connection, connection:
+        connection.execute("CREATE TABLE slow (n)")  # SQLite cannot sleep: it counts
+        connection.executemany("INSERT INTO slow VALUES (?)", [(0,)] * 2000)
+        count = "SELECT count(*) FROM slow a, slow b;"
+        started = time.monotonic()
+        connection.execute(count).fetchone()
+        times = max(1, round(seconds / (time.monotonic() - started)))
+        connection.execute(
+            f"CREATE TRIGGER slow_upgrade AFTER UPDATE ON plant_events"
+            f" WHEN {UPGRADE_UPDATE} BEGIN {count * times} END"
+        )
+
+
+def rolled_back_to_1_3_0_and_forward(spawn, folder, db, receiver):
+    """A database of 1.3.0 with events waiting, served in turn by 1.3.0, by this
+    version under gunicorn -w 4 (its workers all start while one upgrades 1.3.0's
+    tables, which a trigger makes last a second),
+    by 1.3.0 again (a rollback), by this version again, and by 1.3.0 once its receiver
+    is up. Each step keeps every plant and every event; this version counts them in
+    /metrics, their age from the upgrade, and 1.3.0 delivers them all at the end."""
+    old, new = plantstore_1_3_0(folder / "1.3.0"), HERE / "plantstore.py"
+    down = free_port()  # the receiver's port: no one listens there until the end
+    origin = f"http://127.0.0.1:{down}"
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=db,
+        PLANTSTORE_WEBHOOK_URL=f"{origin}/plant/webhook",
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+
+    def serve(script, workers=0):
+        """python plantstore.py, 1.3.0's or this one, or this one under gunicorn."""
+        if workers:
+            process, host, port, err = start_gunicorn(spawn, env, workers, 2)
+        else:
+            process = spawn([sys.executable, str(script), "--port", "0"], env)
+            err = Lines(process.stderr)
+            host, port = err.until(r"listening on http://([\d.]+):(\d+)/").groups()
+        wait_apps_built(err, max(workers, 1))
+        return SimpleNamespace(process=process, address=(host, port), err=err)
+
+    def create(served, ids):
+        for plant_id in ids:
+            document = {"id": plant_id, "name": f"plant {plant_id}"}
+            assert post_over_http(*served.address, TOKEN, document)[0] == 200
+
+    def stop(served):
+        stop_service(served.process)
+        said = served.err.rest()
+        assert "Traceback" not in said and "failed to boot" not in said, said
+
+    def events():
+        """{plant id: the event's `created`, or None}, one event a plant."""
+        has_created = "created" in event_columns(db)
+        rows = read_database(
+            db, f"SELECT body, {'created' if has_created else 'NULL'} FROM plant_events"
+        )
+        found = {json.loads(bytes(body))["id"]: created for body, created in rows}
+        assert len(found) == len(rows), "one event a plant"
+        return found
+
+    def metrics(served):
+        before = time.time()
+        _, status, _, text = scrape(*served.address)
+        assert status == 200, text
+        read = read_metrics(text)
+        assert read["plantstore_database_up"] == 1
+        ages = read["plantstore_webhook_oldest_event_age_seconds"]
+        return read["plantstore_webhook_events_waiting"], ages[origin], before
+
+    served = serve(old)  # 1.3.0 makes the tables, and events wait
+    create(served, range(1, 6))
+    stop(served)
+    assert "created" not in event_columns(db)
+    assert events() == dict.fromkeys(range(1, 6))
+
+    slow_upgrade(db, 0.2)  # 1 s for the 5 events: the workers all start meanwhile
+    upgrade = time.time()
+    served = serve(new, workers=4)  # 4 workers upgrade it at once
+    assert listed_ids(*served.address) == list(range(1, 6))
+    kept = events()
+    assert set(kept) == set(range(1, 6)), "1.3.0's events are all kept"
+    (upgraded,) = set(kept.values())  # one upgrade, its time for every event of 1.3.0
+    assert upgrade <= upgraded <= time.time()
+    waiting, age, asked = metrics(served)
+    assert waiting == {origin: 5}
+    assert asked - upgraded - 0.001 <= age <= time.time() - upgraded + 0.001
+    create(served, range(6, 9))
+    stop(served)
+    assert events().keys() == set(range(1, 9))
+
+    served = serve(old)  # a rollback: 1.3.0 serves the upgraded database
+    assert listed_ids(*served.address) == list(range(1, 9))
+    create(served, range(9, 11))
+    stop(served)
+    kept = events()
+    assert kept.keys() == set(range(1, 11))
+    assert kept[9] is kept[10] is None  # 1.3.0 writes no `created`
+    assert kept[1] == upgraded and all(kept[n] > upgraded for n in (6, 7, 8))
+
+    served = serve(new)  # forward again: no second upgrade
+    waiting, age, asked = metrics(served)
+    assert waiting == {origin: 10}, "1.3.0's events count in waiting"
+    assert asked - upgraded - 0.001 <= age <= time.time() - upgraded + 0.001
+    assert events() == kept
+    stop(served)
+
+    hook = receiver(down)  # 1.3.0 again, its receiver up: every event arrives
+    served = serve(old)
+    delivered = hook.wait_for(10)
+    assert sorted(payload["id"] for payload in delivered) == list(range(1, 11))
+    wait_until(lambda: not events(), "1.3.0 deleted the events it delivered")
+    assert listed_ids(*served.address) == list(range(1, 11))
+    stop(served)
 
 
 # ---- Webhooks: a receiver on loopback verifies each with the reference library ----
