@@ -1774,7 +1774,8 @@ def serve_metrics(application, store, sender):
                 rows = sender.outbox(RECEIVERS) if sender else []
         except HTTPError:  # the database is away, or did not answer in time
             rows, up = [], 0
-        receivers = {origin: [0, 0, now] for origin in configured}
+        # with no answer, no figures: a receiver's 0 would say that none of its wait
+        receivers = {origin: [0, 0, now] for origin in configured if up}
         for url, waiting, failing, created in rows:
             figures = receivers.setdefault(_origin(url), [0, 0, now])
             figures[0] += waiting
