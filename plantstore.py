@@ -641,8 +641,10 @@ __all__ += [
 
 
 def _log(message):
-    """One line for the operator, on stderr (gunicorn's error log)."""
-    print(f"plantstore: {message}", file=sys.stderr, flush=True)
+    """One line for the operator, on stderr (gunicorn's error log), in one write, so
+    that the lines of several processes never mix."""
+    sys.stderr.write(f"plantstore: {message}\n")
+    sys.stderr.flush()
 
 
 # ---- Background work: plantstore's threads, by one rule ----
@@ -1702,11 +1704,12 @@ def event_json(plant_id, name, tag):
 
 
 def _origin(url):
-    """A receiver in a log line: scheme, host and port, never a path or a query."""
+    """A receiver in a log line or a metric, by its origin: scheme, host and a port not
+    the scheme's own; never a path or a query, which may hold a secret."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}" + (
-        f":{parts.port}" if parts.port else ""
-    )
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    port = parts.port not in (None, {"https": 443}.get(parts.scheme, 80))
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if port else "")
 
 
 def webhook_secret_key(secret):
@@ -1830,7 +1833,7 @@ def with_cors(application, origins):
                     ("Access-Control-Allow-Origin", origin),
                     (
                         "Access-Control-Expose-Headers",
-                        "Link, Retry-After, WWW-Authenticate",
+                        "Link, Retry-After, WWW-Authenticate, X-Request-ID",
                     ),
                 ]
                 if (
@@ -1840,7 +1843,10 @@ def with_cors(application, origins):
                 ):
                     headers += [
                         ("Access-Control-Allow-Methods", dict(headers)["Allow"]),
-                        ("Access-Control-Allow-Headers", "Authorization, Content-Type"),
+                        (
+                            "Access-Control-Allow-Headers",
+                            "Authorization, Content-Type, X-Request-ID",
+                        ),
                         ("Access-Control-Max-Age", "600"),
                     ]
             return start_response(status, headers, exc_info)

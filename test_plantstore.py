@@ -371,6 +371,23 @@ def test_metrics_count_each_receiver_s_waiting_and_failing_events_and_the_oldest
     assert "SECRET" not in text and "/hook" not in text and "/other" not in text
 
 
+@pytest.mark.parametrize(
+    "url, origin",
+    [
+        ("http://hooks.example/in?token=secret", "http://hooks.example"),
+        ("http://hooks.example:80/in", "http://hooks.example"),
+        ("https://hooks.example:443/in", "https://hooks.example"),
+        ("https://hooks.example:8443/in", "https://hooks.example:8443"),
+        ("http://[::1]:8080/in", "http://[::1]:8080"),
+        ("http://[::1]/in", "http://[::1]"),
+    ],
+)
+def test_a_receiver_is_named_by_its_origin_as_a_browser_would_write_it(url, origin):
+    """One origin, one series: the scheme's own port is left out, an IPv6 host keeps
+    its brackets, and no path or query shows (they may hold a secret)."""
+    assert plantstore._origin(url) == origin
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 def test_metrics_name_a_receiver_by_its_origin_alone_and_add_up_the_urls_of_one(
     kind, tmp_path, receiver
@@ -797,7 +814,7 @@ def test_a_preflight_from_a_listed_origin_is_answered(cors_app):
     assert response.headers["Access-Control-Allow-Methods"] == response.headers["Allow"]
     assert (
         response.headers["Access-Control-Allow-Headers"]
-        == "Authorization, Content-Type"
+        == "Authorization, Content-Type, X-Request-ID"
     )
     assert (
         int(response.headers["Access-Control-Max-Age"]) > 0
