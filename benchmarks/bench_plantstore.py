@@ -44,8 +44,10 @@ slow minute of the machine slows both sides of a ratio, so it does not move it.
 """
 
 import argparse
+import contextlib
 import glob
 import io
+import itertools
 import json
 import os
 import platform
@@ -678,6 +680,8 @@ BASELINE = "cb8c6625be8c3603113af195e5fa7c9c616d8681"
 # they are held to: the checkout at least AGAINST_BAR times the first of them.
 AGAINST_BAR = 0.9
 NOW = "now"  # this checkout's plantstore.py, as a loaded row's contender
+# by then each serving process has written its counts anew (batch_sizes.DUMP_SECONDS)
+COUNTS_SETTLE = 0.25
 
 # The rows plantstore inserts on a create (no webhooks): one statement, in autocommit,
 # as PostgresStore runs it. pgbench reads a statement on one line: no "\n" inside it.
@@ -816,6 +820,24 @@ def counted_batches(folder, store_class):
     return counts
 
 
+def creates_by_process(folder):
+    """{process id: creates} that benchmarks/batch_sizes.py counted in a server's
+    processes so far."""
+    counts = {}
+    for path in glob.glob(os.path.join(folder, "*[0-9].json")):
+        with contextlib.suppress(OSError, ValueError):  # replaced meanwhile
+            sizes = json.loads(Path(path).read_text())
+            counts[Path(path).stem] = sum(int(n) * k for n, k in sizes.items())
+    return counts
+
+
+def busiest_share(before, after):
+    """The share of a run's creates that its busiest process wrote (0.5: two shared
+    them evenly; 1.0: one wrote them all), None where none was counted."""
+    done = [after[pid] - before.get(pid, 0) for pid in after]
+    return max(done) / sum(done) if sum(done) else None
+
+
 def batch_figures(counts):
     """The median, mean and largest batch, aligned for the table; n/a without
     batches."""
@@ -870,7 +892,7 @@ def bench_durable(
         label = label if label not in folders else f"{label}#{number}"
         folders[label] = folder
         labels.append(label)
-    contenders = [NOW, *labels]
+    contenders, others = [NOW, *labels], labels
     groups = [(store, server) for server in servers for store in stores]
     # a row: (store, server) for this checkout, (store, server, label) for another
     loaded_rows = [
@@ -926,6 +948,7 @@ def bench_durable(
 
         units = [*groups, PGBENCH] if postgres else groups
         loaded, p99s = [], {row: [] for row in loaded_rows}
+        shares = {row: [] for row in loaded_rows}
         worst = {row: {"p99": 0, "max": 0, "bad": 0} for row in loaded_rows}
         for round_number in range(rounds):
             loaded.append({})
@@ -939,7 +962,7 @@ def bench_durable(
                 first = round_number % len(contenders)
                 for contender in contenders[first:] + contenders[:first]:
                     row = unit if contender == NOW else (*unit, contender)
-                    latencies = {}
+                    latencies, before = {}, creates_by_process(counters[row])
                     rps, non_2xx, errors = run_wrk(
                         ports[row],
                         script,
@@ -950,12 +973,19 @@ def bench_durable(
                     )
                     loaded[-1][row] = rps
                     p99s[row].append(latencies["p99"])
+                    if row[0] != "memory" and others:
+                        # how the processes shared the run: under gunicorn, the one
+                        # that accepts a connection serves it, and one may take all
+                        time.sleep(COUNTS_SETTLE)
+                        shares[row].append(
+                            busiest_share(before, creates_by_process(counters[row]))
+                        )
                     worst[row] = {
                         "p99": max(worst[row]["p99"], latencies["p99"]),
                         "max": max(worst[row]["max"], latencies["max"]),
                         "bad": worst[row]["bad"] + non_2xx + errors,
                     }
-        time.sleep(1)  # each serving process writes its counts every half second
+        time.sleep(COUNTS_SETTLE)  # each serving process writes its counts anew
         batches, served = {}, {}
         for row, folder in counters.items():
             served[row] = served_modules(folder)
@@ -1005,6 +1035,7 @@ def bench_durable(
     return {
         "loaded": loaded,
         "p99s": p99s,
+        "shares": shares,
         "worst": worst,
         "batches": batches,
         "low": low,
@@ -1124,11 +1155,12 @@ def print_against(results, label, rows_of):
     """Each round of each contender, and issue 44's bar: this checkout's rate at least
     AGAINST_BAR times the first --against contender's, as the median of the ratios
     within a round (a slow minute of the machine slows both sides of a ratio)."""
-    loaded, p99s = results["loaded"], results["p99s"]
+    loaded, p99s, shares = results["loaded"], results["p99s"], results["shares"]
     reference = results["contenders"][1]
     print(
-        "  every round, in the order run (requests/s, then p99 ms), and the ratio "
-        f"to {reference} within each round:"
+        "  every round, in the order run (requests/s / p99 ms, and for a SQL store / "
+        "the share of the creates its busiest process wrote: 50% is an even split "
+        f"between two workers), and the ratio to {reference} within each round:"
     )
     for group in results["groups"]:
         print(f"    {label(group)}")
@@ -1152,9 +1184,41 @@ def print_against(results, label, rows_of):
                 "        "
                 + " ".join(
                     f"{rate:.0f}/{p99:.0f}"
-                    for rate, p99 in zip(rates, p99s[row], strict=True)
+                    + (f"/{share:.0%}" if share is not None else "")
+                    for rate, p99, share in itertools.zip_longest(
+                        rates, p99s[row], shares[row]
+                    )
                 )
             )
+        if any(shares[group]):
+            # Under gunicorn, the worker that accepts a connection serves it, and at
+            # times one accepts all 16: no writer then waits for another process's,
+            # and the rate is another. Each contender's rounds of each kind:
+            for row in rows_of(group):
+                kinds = [
+                    (
+                        "shared by the processes (busiest <= 75%)",
+                        lambda share: share <= 0.75,
+                    ),
+                    ("served by one (busiest >= 95%)", lambda share: share >= 0.95),
+                ]
+                figures = []
+                for name, kind in kinds:
+                    picked = [
+                        (sample[row], p99)
+                        for sample, p99, share in zip(
+                            loaded, p99s[row], shares[row], strict=True
+                        )
+                        if share is not None and kind(share)
+                    ]
+                    if picked:
+                        figures.append(
+                            f"{name}: {len(picked)} rounds, median "
+                            f"{statistics.median(rate for rate, _ in picked):.0f}/s "
+                            f"p99 {statistics.median(p99 for _, p99 in picked):.1f} ms"
+                        )
+                label_ = row[2] if len(row) > 2 else NOW
+                print(f"      {label_:<14} " + "; ".join(figures))
         ratio = median_ratio(loaded, group, (*group, reference))
         print(
             f"      {NOW} / {reference}: {ratio:.2f}x, bar >= {AGAINST_BAR}: "
