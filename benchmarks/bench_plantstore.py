@@ -1121,8 +1121,9 @@ def print_durable(results, args):
     for row in batches:
         if row[0] == "postgres" and batches[row]["counted"] is not None:
             median, mean, largest = batch_figures(batches[row]["counted"]).split()
+            named = label(row) + (f" ({row[2]})" if len(row) > 2 else "")
             print(
-                f"  {label(row)}, its batches counted as SQLite's are: median "
+                f"  {named}, its batches counted as SQLite's are: median "
                 f"{median}, mean {mean}, largest {largest}"
             )
     bars = [  # those whose two rows ran
