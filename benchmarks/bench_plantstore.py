@@ -44,8 +44,10 @@ slow minute of the machine slows both sides of a ratio, so it does not move it.
 """
 
 import argparse
+import contextlib
 import glob
 import io
+import itertools
 import json
 import os
 import platform
@@ -659,9 +661,8 @@ def bench_stores(rounds, per_round, db_path):
 # ---- 5. Durable creates over HTTP: PostgreSQL, SQLite, memory ----
 
 SERVERS = ("gunicorn", "granian")
-LOADED = [
-    (store, server) for server in SERVERS for store in ("memory", "sqlite", "postgres")
-]
+STORES = ("memory", "sqlite", "postgres")
+LOADED = [(store, server) for server in SERVERS for store in STORES]
 # the database's own rate at the same inserts, without HTTP
 PGBENCH = ("postgres", "pgbench")
 LOW_LOAD = [(store, server) for store in ("sqlite", "postgres") for server in SERVERS]
@@ -675,6 +676,12 @@ BARS = [  # (row, against, the bar of issue 31 or None), as median ratios within
 LOW_LOAD_BAR = 1.10  # issue 31: one create at a time, at most 10% slower than on 1.2.0
 # main before group commit: plantstore 1.2.0
 BASELINE = "cb8c6625be8c3603113af195e5fa7c9c616d8681"
+# Issue 44: a loaded row's contenders beside this checkout (--against), and the bar
+# they are held to: the checkout at least AGAINST_BAR times the first of them.
+AGAINST_BAR = 0.9
+NOW = "now"  # this checkout's plantstore.py, as a loaded row's contender
+# by then each serving process has written its counts anew (batch_sizes.DUMP_SECONDS)
+COUNTS_SETTLE = 0.25
 
 # The rows plantstore inserts on a create (no webhooks): one statement, in autocommit,
 # as PostgresStore runs it. pgbench reads a statement on one line: no "\n" inside it.
@@ -744,6 +751,41 @@ def baseline_source(ref, folder):
     return found[1] if found else ref[:12]
 
 
+def contender_source(source, folder):
+    """Make `folder` the tree of an --against contender and return its label: `source`
+    is a git commit (its plantstore.py, and its plantstore_postgres.py if it has one) or
+    the path of a copy of plantstore.py (beside this checkout's plantstore_postgres.py),
+    such as a change tried alone."""
+    os.makedirs(folder)
+    if os.path.isfile(source):
+        shutil.copyfile(source, Path(folder, "plantstore.py"))
+        shutil.copyfile(
+            HERE.parent / "plantstore_postgres.py",
+            Path(folder, "plantstore_postgres.py"),
+        )
+        path = Path(source)
+        return path.stem if path.name != "plantstore.py" else path.parent.name
+    for name in "plantstore.py", "plantstore_postgres.py":
+        shown = subprocess.run(
+            ["git", "-C", str(HERE.parent), "show", f"{source}:{name}"],
+            capture_output=True,
+            text=True,
+        )
+        if shown.returncode == 0:
+            Path(folder, name).write_text(shown.stdout)
+        elif name == "plantstore.py":
+            raise SystemExit(f"--against {source}: neither a file nor a git commit")
+    return source[:12]
+
+
+def served_modules(folder):
+    """The plantstore.py files that a server's processes imported, as
+    benchmarks/batch_sizes.py wrote them down."""
+    return {
+        Path(path).read_text() for path in glob.glob(os.path.join(folder, "*.module"))
+    }
+
+
 def xmin_batches(url):
     """{batch size: batches} in a PostgreSQL database: a transaction's rows share its
     xmin."""
@@ -778,6 +820,24 @@ def counted_batches(folder, store_class):
     return counts
 
 
+def creates_by_process(folder):
+    """{process id: creates} that benchmarks/batch_sizes.py counted in a server's
+    processes so far."""
+    counts = {}
+    for path in glob.glob(os.path.join(folder, "*[0-9].json")):
+        with contextlib.suppress(OSError, ValueError):  # replaced meanwhile
+            sizes = json.loads(Path(path).read_text())
+            counts[Path(path).stem] = sum(int(n) * k for n, k in sizes.items())
+    return counts
+
+
+def busiest_share(before, after):
+    """The share of a run's creates that its busiest process wrote (0.5: two shared
+    them evenly; 1.0: one wrote them all), None where none was counted."""
+    done = [after[pid] - before.get(pid, 0) for pid in after]
+    return max(done) / sum(done) if sum(done) else None
+
+
 def batch_figures(counts):
     """The median, mean and largest batch, aligned for the table; n/a without
     batches."""
@@ -790,28 +850,61 @@ def batch_figures(counts):
 
 
 def bench_durable(
-    rounds, seconds, connections, low_rounds, low_seconds, baseline, workdir
+    rounds,
+    seconds,
+    connections,
+    low_rounds,
+    low_seconds,
+    baseline,
+    workdir,
+    stores=STORES,
+    servers=SERVERS,
+    against=(),
 ):
-    """Section 5, in two parts. Loaded: every store under each server at `connections`
-    connections, and pgbench with as many clients, in interleaved rounds, each first in
-    turn; then the sizes of the batches each SQL row wrote. Low load: each SQL store
-    under each server at one connection, beside the same server running plantstore.py as
-    it was at git `baseline` (empty: alone), the two back to back, each first every
-    other round. Every server has a database of its own: the stores grow alike, and no
-    id is another's."""
+    """Section 5, in two parts. Loaded: each of `stores` under each of `servers` at
+    `connections` connections, and pgbench with as many clients if PostgreSQL is among
+    them, in interleaved rounds, each first in turn; then the sizes of the batches each
+    SQL row wrote. A loaded row has contenders: this checkout's plantstore.py, and one
+    per source in `against` (a git commit or a copy of plantstore.py), each a server of
+    its own with the same flags, run back to back within the row, each first in turn.
+    Low load: each SQL store under each server at one connection, beside the same server
+    running plantstore.py as it was at git `baseline` (empty: alone), the two back to
+    back, each first every other round. Every server has a database of its own: the
+    stores grow alike, and no id is another's."""
     sys.path.insert(0, str(HERE.parent))
-    import psycopg
 
-    # the tests' own: initdb and pg_ctl in a temporary folder
-    from testbed import Postgres
+    postgres = None
+    if "postgres" in stores:
+        import psycopg
 
-    postgres = Postgres(durable=True)
+        # the tests' own: initdb and pg_ctl in a temporary folder
+        from testbed import Postgres
+
+        postgres = Postgres(durable=True)
     script = os.path.join(workdir, "creates.lua")
     Path(script).write_text(WRK_SCRIPT)
     insert_script = os.path.join(workdir, "insert.sql")
     Path(insert_script).write_text(PGBENCH_SCRIPT)
+    folders, labels = {NOW: HERE.parent}, []
+    for number, source in enumerate(against):
+        folder = os.path.join(workdir, f"against{number}")
+        label = contender_source(source, folder)
+        label = label if label not in folders else f"{label}#{number}"
+        folders[label] = folder
+        labels.append(label)
+    contenders, others = [NOW, *labels], labels
+    groups = [(store, server) for server in servers for store in stores]
+    # a row: (store, server) for this checkout, (store, server, label) for another
+    loaded_rows = [
+        group if contender == NOW else (*group, contender)
+        for group in groups
+        for contender in contenders
+    ]
+    low_rows = [
+        row for row in LOW_LOAD if row[0] in stores and row[1] in servers
+    ] * bool(low_rounds)
     old = os.path.join(workdir, "baseline")
-    version = baseline_source(baseline, old) if baseline else None
+    version = baseline_source(baseline, old) if baseline and low_rows else None
     processes, ports, databases, counters = [], {}, {}, {}
 
     def start(row, folder=HERE.parent, app="plantstore:app", **environ):
@@ -831,59 +924,79 @@ def bench_durable(
         processes.append(spawn(args, port, env, cwd=folder))
 
     try:
-        for row in LOADED:
-            if row[0] == "memory":
-                start(row)
-            else:
-                # served by benchmarks/batch_sizes.py, which counts the creates of
-                # each commit
-                counters[row] = os.path.join(workdir, f"batches{len(processes)}")
-                os.makedirs(counters[row])
-                start(
-                    row,
-                    app="batch_sizes:app",
-                    BENCH_BATCHES=counters[row],
-                    PYTHONPATH=str(HERE),
-                )
+        for row in loaded_rows:
+            # served by benchmarks/batch_sizes.py, which counts the creates of each
+            # commit and notes which plantstore.py each process imported
+            counters[row] = os.path.join(workdir, f"batches{len(processes)}")
+            os.makedirs(counters[row])
+            start(
+                row,
+                folder=folders[row[2] if len(row) > 2 else NOW],
+                app="batch_sizes:app",
+                BENCH_BATCHES=counters[row],
+                PYTHONPATH=str(HERE),
+            )
         # servers of their own, on plantstore now and at the baseline
-        for row in LOW_LOAD:
+        for row in low_rows:
             start((*row, "now"))
             if version:
                 start((*row, "baseline"), folder=old)
-        # pgbench's table
-        with psycopg.connect(postgres.url, autocommit=True) as connection:
-            for statement in plantstore_postgres.PostgresStore.schema:
-                connection.execute(statement)
+        if postgres:  # pgbench's table
+            with psycopg.connect(postgres.url, autocommit=True) as connection:
+                for statement in plantstore_postgres.PostgresStore.schema:
+                    connection.execute(statement)
 
-        rows = [*LOADED, PGBENCH]
-        loaded, worst = [], {row: {"p99": 0, "max": 0, "bad": 0} for row in LOADED}
+        units = [*groups, PGBENCH] if postgres else groups
+        loaded, p99s = [], {row: [] for row in loaded_rows}
+        shares = {row: [] for row in loaded_rows}
+        worst = {row: {"p99": 0, "max": 0, "bad": 0} for row in loaded_rows}
         for round_number in range(rounds):
             loaded.append({})
-            turn = round_number % len(rows)
-            for row in rows[turn:] + rows[:turn]:  # each first in turn
-                if row == PGBENCH:
-                    loaded[-1][row] = run_pgbench(
+            turn = round_number % len(units)
+            for unit in units[turn:] + units[:turn]:  # each first in turn
+                if unit == PGBENCH:
+                    loaded[-1][unit] = run_pgbench(
                         postgres, insert_script, seconds, connections
                     )
                     continue
-                latencies = {}
-                rps, non_2xx, errors = run_wrk(
-                    ports[row],
-                    script,
-                    seconds,
-                    connections,
-                    id_base=(round_number + 1) * 10**12,
-                    latencies=latencies,
-                )
-                loaded[-1][row] = rps
-                worst[row] = {
-                    "p99": max(worst[row]["p99"], latencies["p99"]),
-                    "max": max(worst[row]["max"], latencies["max"]),
-                    "bad": worst[row]["bad"] + non_2xx + errors,
-                }
-        time.sleep(1)  # each serving process writes its counts every half second
-        batches = {}
+                first = round_number % len(contenders)
+                for contender in contenders[first:] + contenders[:first]:
+                    row = unit if contender == NOW else (*unit, contender)
+                    latencies, before = {}, creates_by_process(counters[row])
+                    rps, non_2xx, errors = run_wrk(
+                        ports[row],
+                        script,
+                        seconds,
+                        connections,
+                        id_base=(round_number + 1) * 10**12,
+                        latencies=latencies,
+                    )
+                    loaded[-1][row] = rps
+                    p99s[row].append(latencies["p99"])
+                    if row[0] != "memory" and others:
+                        # how the processes shared the run: under gunicorn, the one
+                        # that accepts a connection serves it, and one may take all
+                        time.sleep(COUNTS_SETTLE)
+                        shares[row].append(
+                            busiest_share(before, creates_by_process(counters[row]))
+                        )
+                    worst[row] = {
+                        "p99": max(worst[row]["p99"], latencies["p99"]),
+                        "max": max(worst[row]["max"], latencies["max"]),
+                        "bad": worst[row]["bad"] + non_2xx + errors,
+                    }
+        time.sleep(COUNTS_SETTLE)  # each serving process writes its counts anew
+        batches, served = {}, {}
         for row, folder in counters.items():
+            served[row] = served_modules(folder)
+            expected = str(Path(folders[row[2] if len(row) > 2 else NOW]).resolve())
+            if served[row] != {os.path.join(expected, "plantstore.py")}:
+                raise SystemExit(
+                    f"{row}: the server imported {sorted(served[row])}, not the "
+                    f"plantstore.py in {expected}"
+                )
+            if row[0] == "memory":
+                continue
             store_class = {
                 "sqlite": plantstore.SQLiteStore,
                 "postgres": plantstore_postgres.PostgresStore,
@@ -894,10 +1007,10 @@ def bench_durable(
             }
 
         low = []  # one {server: its latencies in ms, and its bad answers} per round
-        for round_number in range(low_rounds):
+        for round_number in range(low_rounds if low_rows else 0):
             low.append({})
-            turn = round_number % len(LOW_LOAD)
-            for row in LOW_LOAD[turn:] + LOW_LOAD[:turn]:
+            turn = round_number % len(low_rows)
+            for row in low_rows[turn:] + low_rows[:turn]:
                 pair = (
                     [(*row, "now"), (*row, "baseline")] if version else [(*row, "now")]
                 )
@@ -917,25 +1030,36 @@ def bench_durable(
             process.terminate()
         for process in processes:
             process.wait(30)
-        postgres.remove()
+        if postgres:
+            postgres.remove()
     return {
         "loaded": loaded,
+        "p99s": p99s,
+        "shares": shares,
         "worst": worst,
         "batches": batches,
         "low": low,
+        "low_rows": low_rows,
         "version": version,
+        "groups": groups,
+        "contenders": contenders,
+        "postgres": bool(postgres),
     }
 
 
 def print_durable(results, args):
-    """Section 5's two tables, the ratios of issue 31's bars, and how each figure was
-    taken."""
+    """Section 5's two tables, the ratios of issue 31's bars (and issue 44's, with
+    --against), and how each figure was taken."""
     loaded, worst, batches = results["loaded"], results["worst"], results["batches"]
+    contenders, others = results["contenders"], results["contenders"][1:]
 
     def label(row):
         if row == PGBENCH:
             return f"PostgreSQL, pgbench -c {args.connections}"
         return f"{STORE_NAMES[row[0]]}, {server_label(row[1], row[0])}"
+
+    def rows_of(group):
+        return [group if c == NOW else (*group, c) for c in contenders]
 
     print(
         f"\nDurable creates over HTTP, wrk -t1 -c{args.connections} unique creates, "
@@ -944,29 +1068,46 @@ def print_durable(results, args):
         f"the in-memory store under the same server, p99 the worst round's, max the "
         f"longest wait; a batch is the creates written by one commit:"
     )
+    if others:
+        print(
+            f"  each row's contenders run back to back, each first in turn: this "
+            f"checkout ({NOW}) and {', '.join(others)} (--against); vs {others[0]} is "
+            f"the median ratio within a round to {others[0]} under the same server"
+        )
     print(
         f"  {'store, server':<38} {'requests/s':>10}  {'vs memory':>9}  {'p99 ms':>7}  "
         f"{'max ms':>7}  {'non-2xx/err':>11}  {'batch median':>12} {'mean':>5} "
-        f"{'max':>4}"
+        f"{'max':>4}" + (f"  {'vs ' + others[0]:>16}" if others else "")
     )
-    for row in LOADED:
-        rps = statistics.median(sample[row] for sample in loaded)
-        line = (
-            f"  {label(row):<38} {rps:>10.0f}  "
-            f"{median_ratio(loaded, row, ('memory', row[1])):>8.3f}x  "
-            f"{worst[row]['p99']:>7.1f}  {worst[row]['max']:>7.1f}  "
-            f"{worst[row]['bad']:>11}"
-        )
-        if row in batches:
-            line += "  " + batch_figures(
-                batches[row]["counted" if row[0] == "sqlite" else "xmin"]
+    for group in results["groups"]:
+        for row in rows_of(group):
+            rps = statistics.median(sample[row] for sample in loaded)
+            name = label(row) if len(row) == 2 else f"  {row[2]}"
+            memory = ("memory", *row[1:])
+            versus = (
+                f"{median_ratio(loaded, row, memory):>8.3f}x"
+                if memory in worst
+                else f"{'':>9}"
             )
-        print(line)
-    rps = statistics.median(sample[PGBENCH] for sample in loaded)
-    print(
-        f"  {label(PGBENCH):<38} {rps:>10.0f}  (inserts/s of the same rows, one "
-        f"transaction each, no HTTP)"
-    )
+            line = (
+                f"  {name:<38} {rps:>10.0f}  {versus}  "
+                f"{worst[row]['p99']:>7.1f}  {worst[row]['max']:>7.1f}  "
+                f"{worst[row]['bad']:>11}"
+            )
+            line += "  " + (
+                batch_figures(batches[row]["counted" if row[0] == "sqlite" else "xmin"])
+                if row in batches
+                else f"{'':>23}"
+            )
+            if others:
+                line += f"  {median_ratio(loaded, row, (*group, others[0])):>15.3f}x"
+            print(line)
+    if results["postgres"]:
+        rps = statistics.median(sample[PGBENCH] for sample in loaded)
+        print(
+            f"  {label(PGBENCH):<38} {rps:>10.0f}  (inserts/s of the same rows, one "
+            f"transaction each, no HTTP)"
+        )
     print(
         "  batches: PostgreSQL's read from its database after the rounds (the rows of "
         "one transaction share xmin); SQLite's counted in the serving processes, one "
@@ -977,33 +1118,119 @@ def print_durable(results, args):
             else ", which this plantstore has not: n/a"
         )
     )
-    for row in LOADED:
+    for row in batches:
         if row[0] == "postgres" and batches[row]["counted"] is not None:
             median, mean, largest = batch_figures(batches[row]["counted"]).split()
+            named = label(row) + (f" ({row[2]})" if len(row) > 2 else "")
             print(
-                f"  {label(row)}, its batches counted as SQLite's are: median "
+                f"  {named}, its batches counted as SQLite's are: median "
                 f"{median}, mean {mean}, largest {largest}"
             )
-    print("  the issue's bars, median ratios within a round:")
-    for row, against, bar in BARS:
+    bars = [  # those whose two rows ran
+        (row, against, bar)
+        for row, against, bar in BARS
+        if row in worst
+        and (against in worst or (against == PGBENCH and PGBENCH in loaded[0]))
+    ]
+    if bars:
+        print("  the issue's bars, median ratios within a round:")
+    for row, against, bar in bars:
         ratio = median_ratio(loaded, row, against)
         verdict = (
             f"  bar >= {bar}: {'met' if ratio >= bar else 'NOT met'}" if bar else ""
         )
         print(f"    {label(row) + ' / ' + label(against):<72} {ratio:>6.2f}x{verdict}")
-    if differ := unlike_the_unit():
+    if others:
+        print_against(results, label, rows_of)
+    if differ := [store for store in unlike_the_unit() if store in args.stores]:
         print(
             f"  granian's flags for "
             f"{', '.join(STORE_NAMES[store] for store in differ)} are not those of "
             f"deploy/plantstore-granian.service (GRANIAN in this file)"
         )
     if results["low"]:
-        print_low_load(results["low"], results["version"], label, args)
+        print_low_load(results, label, args)
 
 
-def print_low_load(low, version, label, args):
+def print_against(results, label, rows_of):
+    """Each round of each contender, and issue 44's bar: this checkout's rate at least
+    AGAINST_BAR times the first --against contender's, as the median of the ratios
+    within a round (a slow minute of the machine slows both sides of a ratio)."""
+    loaded, p99s, shares = results["loaded"], results["p99s"], results["shares"]
+    reference = results["contenders"][1]
+    print(
+        "  every round, in the order run (requests/s / p99 ms, and for a SQL store / "
+        "the share of the creates its busiest process wrote: 50% is an even split "
+        f"between two workers), and the ratio to {reference} within each round:"
+    )
+    for group in results["groups"]:
+        print(f"    {label(group)}")
+        for row in rows_of(group):
+            rates = [sample[row] for sample in loaded]
+            ratios = [
+                sample[row] / sample[(*group, reference)]
+                for sample in loaded
+                if sample[(*group, reference)]
+            ]
+            print(
+                f"      {row[2] if len(row) > 2 else NOW:<14} req/s "
+                f"{min(rates):>6.0f}-{max(rates):<6.0f} median "
+                f"{statistics.median(rates):>6.0f}  p99 "
+                f"{min(p99s[row]):>6.1f}-{max(p99s[row]):<6.1f} median "
+                f"{statistics.median(p99s[row]):>6.1f}  ratio "
+                f"{min(ratios):.2f}-{max(ratios):.2f} median "
+                f"{statistics.median(ratios):.2f}"
+            )
+            print(
+                "        "
+                + " ".join(
+                    f"{rate:.0f}/{p99:.0f}"
+                    + (f"/{share:.0%}" if share is not None else "")
+                    for rate, p99, share in itertools.zip_longest(
+                        rates, p99s[row], shares[row]
+                    )
+                )
+            )
+        if any(shares[group]):
+            # Under gunicorn, the worker that accepts a connection serves it, and at
+            # times one accepts all 16: no writer then waits for another process's,
+            # and the rate is another. Each contender's rounds of each kind:
+            for row in rows_of(group):
+                kinds = [
+                    (
+                        "shared by the processes (busiest <= 75%)",
+                        lambda share: share <= 0.75,
+                    ),
+                    ("served by one (busiest >= 95%)", lambda share: share >= 0.95),
+                ]
+                figures = []
+                for name, kind in kinds:
+                    picked = [
+                        (sample[row], p99)
+                        for sample, p99, share in zip(
+                            loaded, p99s[row], shares[row], strict=True
+                        )
+                        if share is not None and kind(share)
+                    ]
+                    if picked:
+                        figures.append(
+                            f"{name}: {len(picked)} rounds, median "
+                            f"{statistics.median(rate for rate, _ in picked):.0f}/s "
+                            f"p99 {statistics.median(p99 for _, p99 in picked):.1f} ms"
+                        )
+                label_ = row[2] if len(row) > 2 else NOW
+                print(f"      {label_:<14} " + "; ".join(figures))
+        ratio = median_ratio(loaded, group, (*group, reference))
+        print(
+            f"      {NOW} / {reference}: {ratio:.2f}x, bar >= {AGAINST_BAR}: "
+            f"{'met' if ratio >= AGAINST_BAR else 'NOT met'}"
+        )
+
+
+def print_low_load(results, label, args):
     """The low-load table: each row's median round, and its median ratios to the
     baseline's."""
+    low, version = results["low"], results["version"]
     print(
         f"\nLow load, wrk -t1 -c1, one create at a time: {args.low_rounds} interleaved "
         f"rounds of {args.low_seconds} s; the median round's latencies",
@@ -1028,7 +1255,7 @@ def print_low_load(low, version, label, args):
             else ""
         )
     )
-    for row in LOW_LOAD:
+    for row in results["low_rows"]:
         now, then = (*row, "now"), (*row, "baseline")
         for server in [now, then] if version else [now]:
             figures = [
@@ -1131,6 +1358,18 @@ def bench_listing(plants):
 # ---- Report ----
 
 
+def names_of(choices):
+    """An argparse type: a comma-separated subset of choices, in their order."""
+
+    def names(text):
+        chosen = [name.strip() for name in text.split(",") if name.strip()]
+        if not chosen or set(chosen) - set(choices):
+            raise argparse.ArgumentTypeError(f"choose among {', '.join(choices)}")
+        return tuple(name for name in choices if name in chosen)
+
+    return names
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
@@ -1206,6 +1445,30 @@ def main(argv=None):
         help="plants for section 6 (listing)",
     )
     add("--only", choices=["durable", "listing"], help="run one section alone")
+    add(
+        "--stores",
+        type=names_of(STORES),
+        default=STORES,
+        help="section 5's stores, comma-separated (default: %(default)s)",
+    )
+    add(
+        "--servers",
+        type=names_of(SERVERS),
+        default=SERVERS,
+        help="section 5's servers, comma-separated (default: %(default)s)",
+    )
+    add(
+        "--against",
+        action="append",
+        default=[],
+        metavar="COMMIT_OR_FILE",
+        help=(
+            "serve this plantstore.py too, as a contender of each loaded row of "
+            "section 5 in the same rounds: a git commit (6cbd149, 1.3.0) or the path "
+            "of a copy of plantstore.py; repeatable, the first is what ratios and "
+            f"issue 44's bar ({AGAINST_BAR}x) compare with"
+        ),
+    )
     # one process of section 1
     add("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1257,6 +1520,9 @@ def main(argv=None):
             args.low_seconds,
             args.baseline,
             workdir.name,
+            stores=args.stores,
+            servers=args.servers,
+            against=args.against,
         )
         print_durable(results, args)
     if args.only == "durable":
