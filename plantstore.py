@@ -59,6 +59,7 @@ import http.client
 import math
 import os
 import secrets
+import select
 import signal
 import socket
 import socketserver
@@ -812,7 +813,7 @@ class SQLStore(Store):
         self._ready, self._outage_said = False, None
 
     def _here(self):
-        """This process's pool, queue and locks (see "Background work" below)."""
+        """This process's pool, queue and locks (see "Background work" above)."""
         return this_process(self, self._fresh)
 
     def _fresh(self):
@@ -1238,11 +1239,7 @@ class SQLiteStore(SQLStore):
         return self._here().writers.held(deadline)
 
     def execute(self, db, sql, parameters, deadline):
-        # SQLite's wait for a lock: what is left of this request's bound, not the bound
-        # of the request the connection was made for
-        db.execute(
-            f"PRAGMA busy_timeout = {int(max(0, deadline - time.monotonic()) * 1000)}"
-        )
+        db.deadline = deadline  # the statement's wait for a lock ends there (_SQLite)
         return db.execute(sql, parameters)
 
     def connect(self, deadline):
@@ -1251,11 +1248,12 @@ class SQLiteStore(SQLStore):
             f"file:{quote(self.path)}?mode=rw",
             uri=True,
             factory=_SQLite,
-            timeout=max(0, deadline - time.monotonic()),
+            timeout=0,  # SQLite never sleeps: _SQLite waits, a step at a time
             check_same_thread=False,
             # autocommit, but for BEGIN ... COMMIT
             isolation_level=None,
         )
+        db.deadline = deadline  # for the statements that make the tables at start
         # each commit reaches the disk before the 200
         db.execute("PRAGMA synchronous=FULL")
         db.identity = self._identity()
@@ -1276,7 +1274,25 @@ class SQLiteStore(SQLStore):
 
 
 class _SQLite(sqlite3.Connection):
+    """A connection that waits for a lock held by another program (a migration's BEGIN
+    IMMEDIATE) in steps of WAKE_SECONDS at most, to its statement's deadline: SQLite's
+    own wait, its busy handler's sleep, nothing could cut short. A statement that finds
+    the file locked outside a transaction has done nothing, and is tried again."""
+
     identity = None  # its file's (device, inode) when opened: SQLiteStore.check
+    deadline = 0.0  # when its statement stops waiting for a lock (time.monotonic())
+
+    def execute(self, sql, parameters=()):
+        nap = 0.0005
+        while True:
+            try:
+                return super().execute(sql, parameters)
+            except sqlite3.OperationalError as error:
+                busy = error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or self.in_transaction or time.monotonic() > self.deadline:
+                    raise
+            time.sleep(nap)
+            nap = min(2 * nap, _WriterLock.WAKE_SECONDS)
 
 
 class _WriterLock:
@@ -1285,37 +1301,51 @@ class _WriterLock:
 
     SQLite's own busy handler sleeps and polls (up to 100 ms a nap), so under load a
     writer could wait far longer than the others. A lock per process, then an flock(2)
-    on a file beside the database, queue them instead, each wait within its request's
-    bound: flock(2) has no timeout, so a writer tries it again, in naps from 0.1 ms to
-    5 ms, until the one before is done.
+    on a file beside the database, queue them instead. flock(2) either waits without
+    end or not at all, and a writer's wait must end at its request's bound: so it asks
+    without waiting, and while a writer of another process holds the lock, it sleeps
+    on a FIFO beside it (the bell), which the holder rings as it lets go, and asks
+    again, then or after WAKE_SECONDS at most (a holder that died rings nothing). One
+    that napped instead would leave the lock idle while the holder's process took it
+    again at once: one process's creates waited 100 ms and more.
     """
+
+    WAKE_SECONDS = 0.005  # the longest a waiter sleeps before it asks again
 
     def __init__(self, path):
         self._thread_lock = threading.Lock()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(path + "-bell", 0o600)
+        # both ends at once: the open waits for no other, and a ring finds a reader
+        self._bell = os.open(path + "-bell", os.O_RDWR | os.O_NONBLOCK)
 
     @contextlib.contextmanager
     def held(self, deadline):
         if not self._thread_lock.acquire(timeout=max(0, deadline - time.monotonic())):
             raise sqlite3.OperationalError("the writers' turn did not come in time")
         try:
-            nap = 0.0001
             while not self._flock(fcntl.LOCK_EX | fcntl.LOCK_NB):
-                if time.monotonic() + nap > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise sqlite3.OperationalError(
                         "the writers' turn did not come in time"
                     )
-                time.sleep(nap)
-                nap = min(2 * nap, 0.005)
+                select.select([self._bell], [], [], min(left, self.WAKE_SECONDS))
+                with contextlib.suppress(BlockingIOError):  # the rings so far: one try
+                    os.read(self._bell, 65536)
             try:
                 yield
             finally:
                 self._flock(fcntl.LOCK_UN)
+                with contextlib.suppress(BlockingIOError):  # full: rung already
+                    os.write(self._bell, b"\0")
         finally:
             self._thread_lock.release()
 
     def close(self):
         os.close(self._fd)
+        os.close(self._bell)
 
     def _flock(self, operation):
         try:
@@ -1354,8 +1384,8 @@ class WebhookSender:
     a slow receiver holds up no other, and no create waits for any. A failed attempt is
     retried on SCHEDULE, with jitter. While a receiver gives no answer (or its gateway
     answers 502-504), its oldest event alone is tried, every PROBE_SECONDS, and once
-    one gets through, the others follow at once; a process that starts probes each
-    receiver once. A probe of an event not yet due spends none of its attempts, so no
+    one gets through, the others follow at once. A probe of an event not yet due spends
+    none of its attempts, and a process that starts sends what is due alone, so no
     number of processes starting spends the schedule. A URL no longer configured gets
     nothing more: its events are dropped. One that answers 410 gets nothing more from
     this process, which drops the events waiting for it; the other processes stop at
@@ -1627,7 +1657,7 @@ class WebhookSender:
     def _settle(self, here, event, probe, status):
         """Act on an attempt's outcome: delivered, gone, or failed, and then retried on
         SCHEDULE unless it was a probe ahead of its event's schedule. `probe`: None, or
-        when the receiver was last probed before it (0: at this process's start)."""
+        when the receiver was last probed before it."""
         seq, url, webhook_id, _, attempts, due = event
         now = time.time()
         if status == 410 and url in self.urls:  # gone: this process sends it no more
