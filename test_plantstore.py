@@ -4085,6 +4085,44 @@ def test_restarts_a_short_lived_fork_takes_no_event(
     assert {status for _, _, status in hook.deliveries} == {200}
 
 
+CHILD_ENDS = """
+db, url = sys.argv[1:]
+app = build(db, url)
+fork = multiprocessing.get_context("fork")
+for _ in range(2):
+    started = time.monotonic()
+    child = fork.Process(target=time.sleep, args=(0.2,))
+    child.start()
+    child.join()
+    say(multiprocessing=time.monotonic() - started)
+    started = time.monotonic()
+    if not os.fork():
+        time.sleep(0.2)
+        sys.exit(0)  # as a script's child ends, its threads waited for
+    os.wait()
+    say(fork=time.monotonic() - started)
+app.webhook_sender.close()
+"""
+
+
+def test_restarts_a_forked_child_ends_when_its_work_does(spawn, receiver, tmp_path):
+    """A child forked by an embedding program, its work 0.2 s, ends within 2 s of its
+    fork, the bound issue 43's sixth item puts on a short-lived fork: its sender, which
+    waits CHILD_DELAY before its first round, must not hold the child's end that long
+    (Python's end waits for every thread that is no daemon)."""
+    process, out, err = start_embedding(
+        spawn,
+        tmp_path,
+        "child_ends",
+        CHILD_ENDS,
+        tmp_path / "plants.sqlite3",
+        receiver().url,
+    )
+    took = [json.loads(out.until("multiprocessing|fork").string) for _ in range(4)]
+    assert process.wait(WAIT) == 0, err.rest()
+    assert all(seconds < 2 for child in took for seconds in child.values()), took
+
+
 LEAKS = """
 import gc
 
