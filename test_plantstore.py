@@ -70,6 +70,7 @@ from testbed import (
     granian_recipe,
     in_threads,
     listed_ids,
+    make_read_only,
     next_link,
     over_http,
     post,
@@ -2041,15 +2042,6 @@ def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, recei
         "plantstore_postgres: pip install '.[postgres]' in plantstore's folder "
         "installs plantstore_postgres.py and psycopg\n",
     )
-
-
-def make_read_only(path, read_only):
-    """Make a file read-only even for root, who ignores permission bits (chattr +i), or
-    writable again."""
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "+i" if read_only else "-i", str(path)], check=True)
-    else:
-        os.chmod(path, 0o444 if read_only else 0o644)
 
 
 def test_sqlite_recovers_from_a_read_only_spell_without_a_restart(tmp_path):

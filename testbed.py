@@ -351,6 +351,15 @@ def frozen_postgres(postgres):
                 os.kill(pid, signal.SIGCONT)
 
 
+def make_read_only(path, read_only):
+    """Make a file read-only even for root, who ignores permission bits (chattr +i), or
+    writable again."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if read_only else "-i", str(path)], check=True)
+    else:
+        os.chmod(path, 0o444 if read_only else 0o644)
+
+
 def read_database(db, query):
     """Rows read straight from the database, with no plantstore in between."""
     if db.startswith("postgresql://"):
