@@ -1530,6 +1530,33 @@ def test_restarts_a_read_only_postgres_is_a_503_said_once(
     assert logged.count("webhook delivery waits for the") == 1, logged
 
 
+def test_restarts_a_read_only_spell_is_said_once_while_health_is_polled(spawn, pg_url):
+    """A read-only PostgreSQL, creates refused while a load balancer polls /health (a
+    read, which the database answers): the log says once that the database takes no
+    writes, not once for each create that follows a health check (issue 43's fifth
+    item: one log line)."""
+    process, host, port, err = serve_plantstore(
+        spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    )
+    statuses = []
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SET default_transaction_read_only = off")  # this session's own
+        try:
+            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            admin.execute("SELECT pg_reload_conf()")
+            for plant_id in range(5):
+                document = {"id": plant_id, "name": "p"}
+                statuses.append(exchange(host, port, "POST", "/plants", document)[0])
+                statuses.append(exchange(host, port, "GET", "/health")[0])
+        finally:
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            admin.execute("SELECT pg_reload_conf()")
+    stop_service(process)
+    logged = err.rest()
+    assert statuses[1:] == [200, 503] * 4 + [200], statuses
+    assert logged.count("unavailable: cannot execute INSERT") == 1, logged
+
+
 def test_restarts_a_fork_never_waits_on_a_silent_postgres(
     spawn, receiver, postgres, pg_url
 ):
