@@ -4115,6 +4115,37 @@ def test_restarts_a_forked_child_ends_when_its_work_does(spawn, receiver, tmp_pa
     assert all(seconds < 2 for child in took for seconds in child.values()), took
 
 
+ANSWERED_AT_THE_END = """
+db, url = sys.argv[1:]
+app = build(db, url)
+assert create(app, 1) == "200 OK"
+time.sleep(0.2)  # its attempt under way: the receiver answers 0.5 s after it came
+"""  # and the main thread returns, while it is
+
+
+def test_restarts_an_attempt_answered_as_the_process_ends_counts(
+    spawn, receiver, tmp_path
+):
+    """An attempt under way when the program's main thread returns, answered 500 before
+    the sender ends (which it does at its next wake): that answer is the schedule's
+    first attempt, and the event's next comes 5 s later. Freed as if never tried, it is
+    due at once, and the next process to start tries it again (issue 43's first item:
+    the schedule holds whatever starts, and ends; seen under gunicorn --max-requests as
+    a second try 0.08 s after the first)."""
+    hook = receiver()
+    hook.statuses, hook.delay = [500] * 10, 0.5
+    db = tmp_path / "plants.sqlite3"
+    process, _, err = start_embedding(
+        spawn, tmp_path, "answered", ANSWERED_AT_THE_END, db, hook.url
+    )
+    assert process.wait(WAIT) == 0, err.rest()
+    assert [status for _, _, status in hook.arrivals] == [500]
+    ((attempts, next_at, lease),) = read_database(
+        str(db), "SELECT attempts, next_at, lease FROM plant_events"
+    )
+    assert (attempts, lease) == (1, 0) and next_at >= hook.arrivals[0][0] + 5
+
+
 LEAKS = """
 import gc
 
