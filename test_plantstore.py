@@ -3758,10 +3758,11 @@ def test_restarts_no_number_of_process_starts_spends_the_retry_schedule(
     same on PostgreSQL with a receiver refusing connections (workers start all along: a
     steady GET /health recycles a worker every 2 requests), and an embedding program on
     SQLite that forks 12 multiprocessing children. The schedule (3 s, then 4 s, here:
-    SHORT_SCHEDULE) holds whatever starts: the first attempt at the create, the
-    second 3 s later, no third before its time and none given up; once the receivers
-    are back, each event arrives at its third attempt, and no sooner (a receiver that
-    answered is not probed), or, after a silence, when a probe gets through."""
+    SHORT_SCHEDULE) holds whatever starts: read from each outbox every moment, no
+    attempt comes before its event is due, and none is given up. Each setup's receiver
+    is back once one of its events has had its second attempt; each event then
+    arrives at its next attempt, no sooner (a receiver that answered is not probed),
+    or, after a silence, when a probe gets through."""
     config = tmp_path / "schedule.py"
     config.write_text("import plantstore\n" + SHORT_SCHEDULE)
     failing = {"sqlite": receiver(), "forks": receiver()}  # each answering 500
@@ -3811,62 +3812,71 @@ def test_restarts_no_number_of_process_starts_spends_the_retry_schedule(
             ) == (200, {"name": f"p{plant_id}"})
         churns.append(threading.Thread(target=churn, args=(host, port)))
         churns[-1].start()
+    databases = {"sqlite": sqlite_db, "postgres": pg_url, "forks": forks_db}
+    hooks = {**failing, "postgres": None}  # the refusing one is back later
+    seen = {name: {} for name in databases}  # webhook-id: (attempts, next_at) last seen
+    early = []  # an attempt seen before its event was due: the schedule spent
+
+    def watch():
+        """Read each outbox; bring a setup's receiver back once one of its events has
+        had its second attempt (a receiver on probation, refusing, gets one event
+        every 5 s: the others' attempts lag); say whether every event was
+        delivered."""
+        for name, db in databases.items():
+            rows = outbox_rows(db)
+            now = time.time()  # after the read: each attempt it shows came before
+            for webhook_id, (attempts, due) in rows.items():
+                before = seen[name].get(webhook_id)
+                if before and attempts > before[0] and now < before[1]:
+                    early.append((name, webhook_id, before, attempts, now))
+                seen[name][webhook_id] = attempts, due
+            second = len(rows) == 10 and max(row[0] for row in rows.values()) >= 2
+            if second and name == "postgres" and not hooks[name]:
+                hooks[name] = receiver(refusing_port)
+            elif second and name in failing:
+                failing[name].statuses = []  # 200 from now on
+        return all(
+            hook
+            and len(seen[name]) == 10
+            and not outbox_rows(databases[name])
+            and all(
+                200 in [status for _, status in tries]
+                for tries in tries_of(hook, seen[name]).values()
+            )
+            for name, hook in hooks.items()
+        )
+
     try:
         assert json.loads(forks_out.until("created").string) == {"created": 10}
-        databases = {"sqlite": sqlite_db, "postgres": pg_url, "forks": forks_db}
-        # each event's second attempt, 5 s after its first: then none is due for 10 s
-        wait_until(
-            lambda: all(
-                len(rows) < 10 or min(attempts for attempts, _ in rows.values()) >= 2
-                for rows in map(outbox_rows, databases.values())
-            ),
-            "the second attempts never came",
-        )
-        waiting = {name: outbox_rows(db) for name, db in databases.items()}
-        for name, rows in waiting.items():
-            assert sorted(attempts for attempts, _ in rows.values()) == [2] * 10, name
-        for hook in failing.values():
-            hook.statuses = []  # back: 200 from now on
-        back = receiver(refusing_port)
-        hooks = {**failing, "postgres": back}
-        wait_until(
-            lambda: all(
-                len(tries_of(hook, waiting[name])) == 10
-                and all(
-                    tries[-1][1] == 200
-                    for tries in tries_of(hook, waiting[name]).values()
-                )
-                for name, hook in hooks.items()
-            ),
-            lambda: {
-                name: tries_of(hook, waiting[name]) for name, hook in hooks.items()
-            },
-        )
+        wait_until(watch, lambda: (seen, early))
     finally:
         churning.set()
         for thread in churns:
             thread.join(WAIT)
         stop.touch()
+    assert not early, early
     # What the receivers saw. A worker's stop frees the events of its attempts under
     # way, and the next process sends them at once (docs/webhooks.md): such a try is
     # not one of the schedule's, and a receiver may see it, or an event twice.
     for name, hook in hooks.items():
-        for webhook_id, tries in tries_of(hook, waiting[name]).items():
+        tries_of_each = tries_of(hook, seen[name])
+        assert len(tries_of_each) == 10, name
+        for webhook_id, tries in tries_of_each.items():
             statuses = [status for _, status in tries]
             failed = statuses.index(200)
             assert set(statuses[failed:]) == {200}, (name, tries)
             if name == "postgres":  # refused until it was back
                 assert failed == 0, (name, tries)
-            else:  # answered 500 at least twice, and then 200 when due, no sooner
-                assert failed >= 2 and set(statuses[:failed]) == {500}, (name, tries)
-                assert tries[failed][0] >= waiting[name][webhook_id][1], (name, tries)
+            else:  # answered 500, and then 200 when due, no sooner
+                assert failed >= 1 and set(statuses[:failed]) == {500}, (name, tries)
+                assert tries[failed][0] >= seen[name][webhook_id][1], (name, tries)
     for process, *_ in gunicorns.values():
         os.killpg(process.pid, signal.SIGTERM)
     for name, (process, *_, err) in gunicorns.items():
         process.wait(WAIT)
         logged = err.rest()
         # the workers that started, each to stop a moment later
-        assert logged.count("Booting worker") >= 10, (name, logged)
+        assert logged.count("Booting worker") >= 8, (name, logged)
         assert "given up" not in logged and "Traceback" not in logged, (name, logged)
     assert forks.wait(WAIT) == 0
     assert json.loads(forks_out.until("children").string) == {"children": [0] * 12}
@@ -3958,11 +3968,12 @@ def test_restarts_a_stop_answers_every_connection_it_accepted(spawn, tmp_path):
             seen = collections.Counter(outcome for _, outcome in outcomes)
             assert "cut" not in seen, (stop, seen, logged)
             assert stored == {n for n, outcome in outcomes if outcome == 200}, seen
-        return a_stop_under_load(spawn, tmp_path, stop, 0)[1]
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        ended = list(pool.map(stops, [signal.SIGTERM, signal.SIGINT]))
-    assert max(ended) < 1, ended
+        list(pool.map(stops, [signal.SIGTERM, signal.SIGINT]))
+    for stop in signal.SIGTERM, signal.SIGINT:  # alone, as the bound is the server's
+        ended = a_stop_under_load(spawn, tmp_path, stop, 0)[1]
+        assert ended < 1, (stop, ended)
 
 
 MAIN_RETURNS = """
