@@ -56,12 +56,16 @@ from testbed import (
     environ_without_tokens,
     exchange,
     free_port,
+    frozen_postgres,
     in_threads,
     listed_ids,
+    make_read_only,
     next_link,
     over_http,
     post,
     post_over_http,
+    processes_in_group,
+    read_database,
     read_metrics,
     rolled_back_to_1_3_0_and_forward,
     run_plantstore,
@@ -1493,6 +1497,208 @@ def test_settings_a_libpq_string_reaches_the_database_the_url_does(
     upper = limited_role["url"].replace("postgresql://", "POSTGRESQL://")
     plants = PostgresStore(upper).page(None, 10)
     assert [(name, tag) for _, name, tag in plants] == [("Fern", "indoor")]
+
+
+# ---- Restarts, forks and stops (issue 43) ----
+
+
+HOLD_SECONDS = 8
+
+
+def test_restarts_rows_an_operator_holds_turn_no_create_away(spawn, receiver, pg_url):
+    """Issue 43's fourth item: waiting events' rows held by another connection's `SELECT
+    ... FOR UPDATE` while 4 clients create, with webhooks. Every create is a 200 within
+    its bound; the sender, whose claim waits on those rows, says so once, in one line,
+    and once they are free, that it goes on, and every event arrives. The rows are held
+    8 s, not the issue's 20: past DB_WAIT_SECONDS and the RETRY_AFTER that follows it,
+    so that a sender waiting on the requests' terms would have waited out a request's
+    bound (5 s) and kept their breaker open after it, and 8 times BACKGROUND_WAIT, the
+    sender's own."""
+    assert HOLD_SECONDS > plantstore.DB_WAIT_SECONDS + plantstore.RETRY_AFTER
+    hook = receiver()
+    PostgresStore(pg_url).close()  # the tables
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        for n in range(10):  # events left waiting, due now
+            db.execute(
+                "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
+                " VALUES (%s, %s, %s, 0, 0)",
+                (
+                    hook.url,
+                    f"msg_held{n}",
+                    json.dumps({"id": -n, "name": "held"}).encode(),
+                ),
+            )
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    answers = []  # (id, status, seconds)
+    with psycopg.connect(pg_url) as operator:  # its transaction holds the rows
+        assert len(operator.execute("SELECT * FROM plant_events FOR UPDATE").fetchall())
+        process, host, port, err = serve_plantstore(spawn, env)
+        held_until = time.monotonic() + HOLD_SECONDS
+
+        def create(plant_id):
+            while time.monotonic() < held_until:
+                started = time.monotonic()
+                document = {"id": plant_id, "name": f"p{plant_id}"}
+                status = exchange(host, port, "POST", "/plants", document)[0]
+                answers.append((plant_id, status, time.monotonic() - started))
+                plant_id += 4
+                time.sleep(0.1)  # a steady stream, its events delivered in a moment
+
+        in_threads(4, create)
+        operator.rollback()
+    assert len(answers) >= 4 * HOLD_SECONDS, len(answers)  # creates all along
+    assert not [
+        answer
+        for answer in answers
+        if answer[1] != 200 or answer[2] >= plantstore.DB_WAIT_SECONDS
+    ]
+    created = {plant_id for plant_id, _, _ in answers}
+    wait_until(
+        lambda: (
+            {plant["id"] for plant in hook.delivered()}
+            >= created | {-n for n in range(10)}
+        ),
+        "not every event arrived once the rows were free",
+    )
+    stop_service(process)
+    logged = err.rest()
+    assert logged.count("webhook delivery waits for the") == 1, logged
+    assert logged.count("webhook delivery goes on") == 1, logged
+    assert "unavailable" not in logged and "Traceback" not in logged, logged
+
+
+def test_restarts_a_read_only_postgres_is_a_503_said_once(
+    spawn, receiver, pg_url, tmp_path
+):
+    """Issue 43's fifth item: PostgreSQL turned read-only under a running service, as a
+    demoted primary is (default_transaction_read_only on, reloaded: every session takes
+    it at its next statement). Creates answer 503 with Retry-After, said in one log
+    line, with no traceback, from the requests or the sender; /health answers as it
+    does for a read-only SQLite file; creates are 200 again within 3 s of the database
+    taking writes."""
+    path = tmp_path / "plants.sqlite3"
+    sqlite_app = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
+    make_read_only(path, True)
+    try:
+        sqlite_health = sqlite_app.get("/health", expect_errors=True).status_int
+    finally:
+        make_read_only(path, False)
+    hook = receiver()
+    process, host, port, err = serve_plantstore(
+        spawn,
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=pg_url,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        ),
+    )
+    ids = itertools.count()
+
+    def create():
+        plant_id = next(ids)
+        return exchange(host, port, "POST", "/plants", {"id": plant_id, "name": "p"})
+
+    assert create()[0] == 200
+    refused = []
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SET default_transaction_read_only = off")  # this session's own
+        try:
+            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            admin.execute("SELECT pg_reload_conf()")
+            while len(refused) < 10:  # a few seconds of it
+                status, headers, body = create()
+                if status != 200:
+                    refused.append((status, headers.get("Retry-After"), body))
+                    time.sleep(0.2)
+            spell = err.so_far()
+            health = exchange(host, port, "GET", "/health")[0]
+        finally:
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            admin.execute("SELECT pg_reload_conf()")
+        writable = time.monotonic()
+    while (answer := create())[0] != 200:
+        assert time.monotonic() < writable + 3, answer
+    assert {(status, retry) for status, retry, _ in refused} == {(503, "2")}, refused
+    assert health == sqlite_health
+    said = [line for line in spell.splitlines() if "unavailable" in line]
+    assert len(said) == 1 and "read-only transaction" in said[0], spell
+    assert spell.count("webhook delivery waits for the") <= 1, spell
+    wait_until(lambda: "webhook delivery goes on" in err.so_far(), err.so_far)
+    stop_service(process)
+    logged = err.rest()
+    assert "Traceback" not in logged, logged
+    assert logged.count("webhook delivery waits for the") == 1, logged
+
+
+def test_restarts_a_read_only_spell_is_said_once_while_health_is_polled(spawn, pg_url):
+    """A read-only PostgreSQL, creates refused while a load balancer polls /health (a
+    read, which the database answers): the log says once that the database takes no
+    writes, not once for each create that follows a health check (issue 43's fifth
+    item: one log line)."""
+    process, host, port, err = serve_plantstore(
+        spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
+    )
+    statuses = []
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SET default_transaction_read_only = off")  # this session's own
+        try:
+            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            admin.execute("SELECT pg_reload_conf()")
+            for plant_id in range(5):
+                document = {"id": plant_id, "name": "p"}
+                statuses.append(exchange(host, port, "POST", "/plants", document)[0])
+                statuses.append(exchange(host, port, "GET", "/health")[0])
+        finally:
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            admin.execute("SELECT pg_reload_conf()")
+    stop_service(process)
+    logged = err.rest()
+    assert statuses[1:] == [200, 503] * 4 + [200], statuses
+    assert logged.count("unavailable: cannot execute INSERT") == 1, logged
+
+
+def test_restarts_a_fork_never_waits_on_a_silent_postgres(
+    spawn, receiver, postgres, pg_url
+):
+    """Issue 43's eighth item: under gunicorn --preload, whose master forks each worker
+    from the app it built, PostgreSQL silent (every process of it stopped): a killed
+    worker's replacement boots within 1 s, and once PostgreSQL is back and gunicorn has
+    stopped cleanly, no event is left leased (a statement cut short at the database
+    commits nothing)."""
+    hook = receiver()
+    hook.statuses = [500] * 1000  # events wait, none due for 5 s after their first try
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    process, host, port, err = start_gunicorn(spawn, env, 2, 4, "--preload")
+    for plant_id in range(5):
+        document = {"id": plant_id, "name": f"p{plant_id}"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 200
+    wait_until(lambda: len(hook.arrivals) >= 5, "the first tries never came")
+    workers = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
+    with frozen_postgres(postgres):
+        # the master's sender, and the workers', each in a wait on the database
+        time.sleep(plantstore.WebhookSender.POLL_SECONDS + 0.2)
+        killed = time.monotonic()
+        os.kill(workers[0], signal.SIGKILL)
+        err.until(r"Booting worker")
+        booted = time.monotonic() - killed
+    assert booted < 1, err.so_far()
+    stop_service(process)
+    leased = read_database(
+        pg_url, f"SELECT count(*) FROM plant_events WHERE lease > {time.time()}"
+    )
+    assert leased == [(0,)], err.rest()
+    assert "Traceback" not in err.rest()
 
 
 # ---- Separate hosts: network namespaces the test makes and removes ----

@@ -127,6 +127,13 @@ class Lines:
             self.seen.append(line)
         return "".join(self.seen)
 
+    def so_far(self):
+        """Every line read until now, waiting for none."""
+        with contextlib.suppress(queue.Empty):
+            while (line := self.queue.get_nowait()) is not None:
+                self.seen.append(line)
+        return "".join(self.seen)
+
 
 def environ_without_tokens(**extra):
     env = {
@@ -325,6 +332,35 @@ def cluster_pids(postgres):
             if int(stat.read_text().rpartition(")")[2].split()[1]) == postmaster:
                 children.append(int(stat.parent.name))
     return [postmaster, *children]
+
+
+@contextlib.contextmanager
+def frozen_postgres(postgres):
+    """Every process of the suite's PostgreSQL stopped (SIGSTOP) for the block: a
+    database that takes connections and statements and answers nothing. Always
+    continued (SIGCONT) after it."""
+    stopped = []
+    try:
+        postmaster = cluster_pids(postgres)[0]
+        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
+        stopped.append(postmaster)
+        for pid in cluster_pids(postgres)[1:]:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        yield
+    finally:
+        for pid in reversed(stopped):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def make_read_only(path, read_only):
+    """Make a file read-only even for root, who ignores permission bits (chattr +i), or
+    writable again."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if read_only else "-i", str(path)], check=True)
+    else:
+        os.chmod(path, 0o444 if read_only else 0o644)
 
 
 def read_database(db, query):
@@ -1094,6 +1130,7 @@ class Receiver:
     def __init__(self, port=0):
         # statuses: answered in turn
         self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None
+        self.arrivals = []  # (time.time() of its answer, webhook-id, status), in turn
         self.refused = set()  # the ids of plants whose event it answers 422, every time
         self.verifier = standardwebhooks.Webhook(SECRET)
         receiver = self
@@ -1112,6 +1149,9 @@ class Receiver:
                     status = 422
                 receiver.deliveries.append(
                     (self.headers["webhook-id"], payload, status)
+                )
+                receiver.arrivals.append(
+                    (time.time(), self.headers["webhook-id"], status)
                 )
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
