@@ -756,10 +756,8 @@ class Background:
             self.stop()
 
     def _after_fork(self, child):
-        if self._resume and child:
-            self.start(self.child_delay)
-        elif self._resume and self.stops_for_fork:
-            self.start()
+        if self._resume and (child or self.stops_for_fork):
+            self.start(self.child_delay if child else 0)
 
 
 # ---- The SQL stores: the SQL once, SQLite here, PostgreSQL in plantstore_postgres.py
@@ -807,8 +805,6 @@ class SQLStore(Store):
         self.shown = shown  # how messages name the database: never with a password
         # write_event(run, plant_id, name, tag), if set: in the plant's transaction
         self.write_event = None
-        # when the last health answer came, and whether it was yes
-        self._answer = 0.0, True
         # None, or whether a write (else a read) found the outage said last
         self._ready, self._outage_said = False, None
 
@@ -916,11 +912,7 @@ class SQLStore(Store):
             )
         except Exception as error:  # nothing of the batch is acknowledged
             for create in batch:
-                create.set_exception(
-                    unavailable("the database")
-                    if isinstance(error, HTTPError)
-                    else error
-                )
+                create.set_exception(error)
         else:
             for create, new in zip(batch, created, strict=True):
                 create.set_result(new)
@@ -933,20 +925,13 @@ class SQLStore(Store):
         ]
 
     def ping(self):
-        """The health check's question, one in flight per process: the checks arriving
-        meanwhile share its answer, and none waits past HEALTH_WAIT_SECONDS."""
-        arrived, asking = time.monotonic(), self._here().asking
+        """The health check's question, one at a time in a process, so that a flood of
+        checks holds one connection; none waits past HEALTH_WAIT_SECONDS in all."""
+        until, asking = time.monotonic() + HEALTH_WAIT_SECONDS, self._here().asking
         if not asking.acquire(timeout=HEALTH_WAIT_SECONDS):
             raise unavailable("the database")
         try:
-            if self._answer[0] < arrived:  # no answer came while this one waited: ask
-                try:
-                    self.session(lambda run: run("SELECT 1"), wait=HEALTH_WAIT_SECONDS)
-                    self._answer = time.monotonic(), True
-                except HTTPError:
-                    self._answer = time.monotonic(), False
-            if not self._answer[1]:
-                raise unavailable("the database")
+            self.session(lambda run: run("SELECT 1"), wait=until - time.monotonic())
         finally:
             asking.release()
 
@@ -1046,17 +1031,11 @@ class SQLStore(Store):
             # all: the statement is done
             return rows.fetchall() if rows.description else []
 
-        if not transaction:
-            result = work(run)
-        else:
+        if transaction:  # one that fails is rolled back: its connection is dropped
             run(self.BEGIN)
-            try:
-                result = work(run)
-                run("COMMIT")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    run("ROLLBACK")
-                raise
+        result = work(run)
+        if transaction:
+            run("COMMIT")
         self.check(db)
         return result
 
