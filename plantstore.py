@@ -53,7 +53,6 @@ import difflib
 # now, so that a fork during an attempt cannot leave that import's lock held
 import encodings.idna  # noqa: F401 (imported for that alone)
 import fcntl
-import hashlib
 import hmac
 import http.client
 import math
@@ -1355,7 +1354,7 @@ class WebhookSender:
     means at least one delivery, across crashes and restarts; several workers may
     deliver one event, and receivers deduplicate by webhook-id. With the in-memory store
     the table is in an SQLite database in the memory of the process: best effort, lost
-    with the process, and at most MAX_WAITING events or MAX_WAITING_BYTES.
+    with the process, and at most MAX_WAITING_BYTES of them.
 
     It starts when it is made (see "Background work" above). Its thread claims due
     events, at most PER_URL at once for each receiver, and hands each to a thread that
@@ -1374,7 +1373,7 @@ class WebhookSender:
     # seconds before a retry
     SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
     PROBE_SECONDS, POLL_SECONDS, TIMEOUT, PER_URL = 5, 1, 15, 4
-    MAX_WAITING, MAX_WAITING_BYTES = 10_000, 32 * 2**20  # the in-memory outbox's bounds
+    MAX_WAITING_BYTES = 32 * 2**20  # the in-memory outbox's bound
     # an event taken by a sender killed mid-attempt is free after it
     LEASE_SECONDS = TIMEOUT + 2
     # a fork's child sends this long after the fork, or at its first create: a child
@@ -1413,7 +1412,7 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None
         if self._store:
             store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
-        self._waiting, self._dropping, self._closed = (0, 0), False, False
+        self._waiting, self._dropping, self._closed = 0, False, False
         self._background = Background(
             "plantstore-webhooks",
             self._loop,
@@ -1457,18 +1456,14 @@ class WebhookSender:
         """After a create: write the event in memory, or wake for the one SQL wrote."""
         if not (self._store or self._closed):  # closed: its memory is gone
             body = event_json(plant_id, name, tag)
-            count, size = self._waiting
-            if count < self.MAX_WAITING and size + len(body) <= self.MAX_WAITING_BYTES:
+            if self._waiting + len(body) <= self.MAX_WAITING_BYTES:
                 self._write(self.outbox, body)
-                self._waiting = (
-                    count + len(self.urls),
-                    size + len(body) * len(self.urls),
-                )
+                self._waiting += len(body) * len(self.urls)  # in bytes
                 self._dropping = False
             elif not self._dropping:
                 self._dropping = True
                 _log(
-                    f"webhook events are dropped: {count} events of {size // 2**20} MB "
+                    f"webhook events are dropped: {self._waiting // 2**20} MB of them "
                     "wait in memory already, until they drain"
                 )
         self._background.wake()
@@ -1500,13 +1495,8 @@ class WebhookSender:
                 self._settle_ended(here)
                 self._claim(here)
                 self._cut_late_attempts(here)
-                # what waits, counted again: notify() counts up only
-                if not self._store:
-                    waiting = self.outbox(self.WAITING)
-                    self._waiting = (
-                        sum(row[1] for row in waiting),
-                        sum(row[2] for row in waiting),
-                    )
+                if not self._store:  # what waits, counted again: notify() counts up
+                    self._waiting = sum(row[2] for row in self.outbox(self.WAITING))
             except HTTPError as error:  # the database is away, or busy elsewhere
                 wait = RETRY_AFTER
                 if not here.waiting:  # said once, until it answers again
@@ -1598,9 +1588,7 @@ class WebhookSender:
         """One attempt: the receiver's status, or None when no answer came."""
         timestamp = str(int(time.time()))
         signed = f"{webhook_id}.{timestamp}.".encode() + body
-        signature = base64.b64encode(
-            hmac.new(self._key, signed, hashlib.sha256).digest()
-        )
+        signature = base64.b64encode(hmac.digest(self._key, signed, "sha256"))
         parts = urlsplit(url)
         https = parts.scheme == "https"
         # the port given, always: from the host alone, http.client reads [::1] as 1
