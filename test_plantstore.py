@@ -4415,6 +4415,8 @@ def create_on_a_connection(host, port, plant_id):
         sock = socket.create_connection((host, port), timeout=WAIT)
     except ConnectionRefusedError:
         return "refused"
+    except ConnectionResetError:  # the listen queue dropped as the server closed it
+        return "reset"
     body = json.dumps({"id": plant_id, "name": f"p{plant_id}"}).encode()
     data = b""
     with sock:
