@@ -888,13 +888,10 @@ class SQLStore(Store):
             return
 
         def insert(run):
-            created = self.insert(run, [create.plant for create in batch])
+            created = self.insert(run, [create.row for create in batch])
             for create, new in zip(batch, created, strict=True):
                 if new and self.write_event:
-                    plant_id, name, tag = create.plant
-                    self.write_event(
-                        run, plant_id, _text(name), None if tag is None else _text(tag)
-                    )
+                    self.write_event(run, *create.plant)
             return created
 
         # A transaction makes several statements one: the inserts of several plants
@@ -1094,13 +1091,14 @@ class SQLStore(Store):
 
 
 class _Create(concurrent.futures.Future):
-    """A create waiting for its batch: the plant as stored, its size in bytes, when its
-    request stops waiting; its result is whether the plant was created."""
+    """A create waiting for its batch: the plant, its row as stored, the row's size in
+    bytes, when its request stops waiting; its result is whether it was created."""
 
     def __init__(self, plant_id, name, tag):
         super().__init__()
-        self.plant = plant_id, _utf8(name), None if tag is None else _utf8(tag)
-        self.size = len(self.plant[1]) + len(self.plant[2] or b"")
+        self.plant = plant_id, name, tag
+        self.row = plant_id, _utf8(name), None if tag is None else _utf8(tag)
+        self.size = len(self.row[1]) + len(self.row[2] or b"")
         self.deadline = time.monotonic() + DB_WAIT_SECONDS
 
 
@@ -2410,26 +2408,6 @@ def tokens_from_environ(environ=os.environ):
     return tokens
 
 
-def options_from_environ(environ=os.environ):
-    """make_app's other settings, each checked before the store, the last, opens."""
-
-    def listed(name):
-        return [
-            item.strip() for item in environ.get(name, "").split(",") if item.strip()
-        ]
-
-    urls = [check_webhook_url(url) for url in listed(WEBHOOK_URL_VARIABLE)]
-    secret = setting(environ, WEBHOOK_SECRET_VARIABLE)
-    if urls:
-        webhook_secret_key(secret)
-    return {
-        "webhook_urls": urls,
-        "webhook_secret": secret,
-        "cors_origins": [browser_origin(origin) for origin in listed(CORS_VARIABLE)],
-        "store": store_from_environ(environ),
-    }
-
-
 def store_from_environ(environ=os.environ):
     """The store PLANTSTORE_DB names, told apart by its form, never by a guess: a
     PostgreSQL URL, a libpq string, an SQLite file's path; or None (in memory). The
@@ -2501,10 +2479,22 @@ def app_from_environ(environ=os.environ, tokens=None):
             f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
             "comma-separated; plantstore never runs without them"
         )
-    tokens = check_tokens(tokens)  # before the store: a refused token makes no file
-    options = options_from_environ(environ)
-    application = make_app(tokens, **options)
-    store = options["store"]
+    tokens = check_tokens(tokens)
+
+    def listed(name):
+        return [
+            item.strip() for item in environ.get(name, "").split(",") if item.strip()
+        ]
+
+    urls = [check_webhook_url(url) for url in listed(WEBHOOK_URL_VARIABLE)]
+    secret = setting(environ, WEBHOOK_SECRET_VARIABLE)
+    if urls:
+        webhook_secret_key(secret)
+    origins = [browser_origin(origin) for origin in listed(CORS_VARIABLE)]
+    store = store_from_environ(environ)  # last: a refused setting makes no file
+    application = make_app(
+        tokens, store, webhook_urls=urls, webhook_secret=secret, cors_origins=origins
+    )
     where = store.shown if store else "memory, in this process alone"
     _log(f"version {__version__}, plants in {where}")
     return application

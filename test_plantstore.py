@@ -3764,7 +3764,9 @@ def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_
     url = hook.url("/réception")
     settings = {"PLANTSTORE_WEBHOOK_URL": url, "PLANTSTORE_WEBHOOK_SECRET": SECRET}
     # accepted, not refused
-    assert len(plantstore.options_from_environ(settings)["webhook_urls"]) == 1
+    application = plantstore.app_from_environ(settings, [TOKEN])
+    assert len(application.webhook_sender.urls) == 1
+    application.webhook_sender.close()
     post(webhook_app(store, url), {"id": 1, "name": "Fern"}, 200)
     wait_until(lambda: hook.requests, "the event never came", 10)
     assert hook.requests == [("/r%C3%A9ception", {"id": 1, "name": "Fern"})]
