@@ -1699,12 +1699,9 @@ def event_json(plant_id, name, tag):
 
 
 def _origin(url):
-    """A receiver in a log line or a metric, by its origin: scheme, host and a port not
-    the scheme's own; never a path or a query, which may hold a secret."""
-    parts = urlsplit(url)
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    port = parts.port not in (None, {"https": 443}.get(parts.scheme, 80))
-    return f"{parts.scheme}://{host}" + (f":{parts.port}" if port else "")
+    """A receiver in a log line or a metric, by its origin as a browser writes it;
+    never a path or a query, which may hold a secret."""
+    return browser_origin("://".join(urlsplit(url)[:2]))
 
 
 def webhook_secret_key(secret):
@@ -1796,7 +1793,7 @@ def serve_metrics(application, store, sender):
 def browser_origin(origin):
     """The origin as a browser sends it: lower-case, no default port; or ValueError."""
     match = re.fullmatch(
-        r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", origin.lower()
+        r"(https?)://([a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", origin.lower()
     )
     port = match and match[3] and int(match[3])
     if not match or port is not None and not 0 < port < 65536:
