@@ -2282,13 +2282,13 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         for serve_forever(), which runs in the thread that takes the signal."""
         threading.Thread(target=self.shutdown).start()
 
-    def finish(self, seconds):
-        """Stop accepting, and wait up to `seconds` for the requests in flight."""
+    def finish(self):
+        """Stop accepting, and wait up to client_timeout for the requests in flight."""
         # closed before it is said, so that no connection comes after
         self.server_close()
         _log("stopping: answering the requests under way, accepting no new ones")
         with self.idle:
-            self.idle.wait_for(lambda: not self.in_flight, timeout=seconds)
+            self.idle.wait_for(lambda: not self.in_flight, self.client_timeout)
 
     def handle_error(self, request, client_address):
         # a client timed out or hung up: quiet
@@ -2361,7 +2361,7 @@ def make_app(
 def setting(environ, name):
     """A setting's value from its variable, or from the file that NAME_FILE names
     (systemd's LoadCredential=, a mounted secret), without one line end; or None."""
-    path = environ.get(f"{name}_FILE") if name in FILE_SETTINGS else None
+    path = environ.get(f"{name}_FILE")
     if path is None:
         return environ.get(name)
     if name in environ:
@@ -2528,8 +2528,24 @@ more: README.md, or python -m pydoc plantstore"""
 
 
 def main(argv=None):
-    """Run the embedded server: python plantstore.py [--host H] [--port P]."""
-    args = _parser().parse_args(argv)
+    """Run the embedded server: python plantstore.py [--host H] [--port P]; --help
+    lists the settings too."""
+    parser = argparse.ArgumentParser(
+        prog="plantstore",
+        description="Serve the Plant Store API.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (%(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port, 0 for any (%(default)s)"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"plantstore {__version__}"
+    )
+    args = parser.parse_args(argv)
     try:
         tokens = tokens_from_environ()
         if tokens is None:
@@ -2552,30 +2568,10 @@ def main(argv=None):
         host, port = server.server_address[:2]
         _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
         server.serve_forever()
-        server.finish(server.client_timeout)
+        server.finish()
     for part in application.webhook_sender, application.store:
         getattr(part, "close", lambda: None)()  # nothing left open at a clean stop
     return 0
-
-
-def _parser():
-    """The command line: --host, --port and --version; --help lists the settings too."""
-    parser = argparse.ArgumentParser(
-        prog="plantstore",
-        description="Serve the Plant Store API.",
-        epilog=ENVIRONMENT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (%(default)s)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=8000, help="port, 0 for any (%(default)s)"
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"plantstore {__version__}"
-    )
-    return parser
 
 
 if __name__ == "__main__":
