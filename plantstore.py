@@ -1082,9 +1082,7 @@ class SQLStore(Store):
         """Close what this process holds idle: its connections, and SQLite's writers'
         lock file; a later use opens them anew."""
         here, self._process = self._here(), (None, None)
-        with here.lock:
-            idle, here.idle = here.idle, []
-        for db in idle:
+        for db in here.idle:  # at the end: no request takes one meanwhile
             self._close(db)
         if here.writers:
             here.writers.close()
@@ -2162,26 +2160,24 @@ OPENAPI = json.loads(
 def serve_document(application):
     """Serve OPENAPI at /openapi.json to anyone: tools read it before they have a token.
     Each operationId, and `security: []` where no token is needed, is from a route."""
+
+    def read_document(environ, _):  # `servers` says where the app is mounted
+        mounted = _json_string(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
+        return 200, document.replace(b'"SCRIPT_NAME"', mounted, 1), []
+
     application.route(
-        "GET",
-        "/openapi.json",
-        lambda environ, _: read_document(environ),
-        "getOpenApiDocument",
-        token=False,
+        "GET", "/openapi.json", read_document, "getOpenApiDocument", token=False
     )
     document = json.loads(json.dumps(OPENAPI))  # a copy, to fill in
     for path, methods in application.routes.items():
         for method, (_, operation_id, token) in methods.items():
             operation = document["paths"][path][method.lower()]
             operation["operationId"] = operation_id
-            operation.update({} if token else {"security": []})
+            if not token:
+                operation["security"] = []
     document = json.dumps(
         {"servers": [{"url": "SCRIPT_NAME"}], **document}, indent=2
     ).encode()
-
-    def read_document(environ):  # `servers` says where the app is mounted
-        mounted = _json_string(quote(environ.get("SCRIPT_NAME", "")) or "/").encode()
-        return 200, document.replace(b'"SCRIPT_NAME"', mounted, 1), []
 
 
 # ---- The embedded server: wsgiref, threaded, with timeouts ----
