@@ -950,7 +950,13 @@ class SQLStore(Store):
         )
 
     def session(
-        self, work, *, write=False, transaction=False, wait=DB_WAIT_SECONDS, **how
+        self,
+        work,
+        *,
+        write=False,
+        transaction=False,
+        wait=DB_WAIT_SECONDS,
+        background=False,
     ):
         """Return work(run) on a connection of this process, in one transaction if
         asked, where run(sql, **parameters) runs one statement and returns its rows.
@@ -960,7 +966,7 @@ class SQLStore(Store):
         (_Breaker), and an outage it finds is logged once. A background thread's
         (background=True) does neither: it must not turn requests away, and it says
         what it waits for itself."""
-        if how.pop("background", False):
+        if background:
             return self._session(work, write, transaction, wait)
         here = self._here()
         with here.writes.passing() if write else here.reads.passing():
