@@ -2223,12 +2223,9 @@ class _RequestHandler(WSGIRequestHandler):
     def parse_request(self):
         if not super().parse_request():
             return False
-        # absolute form (RFC 9112, 3.2.2)
-        if self.path.startswith(("http://", "https://")):
-            target = urlsplit(self.path)
-            self.path = (target.path or "/") + (
-                f"?{target.query}" if target.query else ""
-            )
+        if self.path.startswith(("http://", "https://")):  # RFC 9112, 3.2.2
+            # the absolute form: its path and query alone
+            self.path = urlsplit(self.path)._replace(scheme="", netloc="").geturl()
         return True
 
     def handle(self):
