@@ -1445,7 +1445,7 @@ class WebhookSender:
         if self._store:
             return self._store.session(
                 lambda run: run(sql, **parameters),
-                write=not sql.startswith("SELECT"),
+                write=True,  # its one read, once a process, waits its turn too
                 transaction=True,
                 wait=BACKGROUND_WAIT,
                 background=True,
