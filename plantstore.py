@@ -3,7 +3,8 @@
 ``POST /plants`` takes a NewPlant JSON object (``id``, ``name``, optional ``tag``) and
 answers the stored Plant (``name``, ``tag``; no ``id``). Every route is declared once,
 with ``Application.route``: the core's in ``Application.__init__``, ``GET /metrics`` and
-``GET /openapi.json`` (which describes each operation) by ``make_app``. A route needs
+``GET /openapi.json`` (which describes each operation) by ``serve_metrics`` and
+``serve_document``, which ``make_app`` calls. A route needs
 ``Authorization: Bearer <token>`` unless declared with ``token=False`` (``GET /health``,
 for load balancers, and the document). Errors are ``{"error": <status>, "message":
 ...}``.
@@ -551,9 +552,10 @@ class Application:
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
         path, plant_id = environ.get("PATH_INFO", ""), None
-        parent, _, last = path.rpartition("/")  # /plants/7 is /plants/{id}'s path,
+        # /plants/7 is /plants/{id}'s path, unless a route is that path itself
+        parent, _, last = path.rpartition("/")
         if path not in self.routes and last and f"{parent}/{{id}}" in self.routes:
-            path, plant_id = f"{parent}/{{id}}", last  # unless a route is that path
+            path, plant_id = f"{parent}/{{id}}", last
         methods = self.routes.get(path)
         if methods is None:
             raise HTTPError(404, f"not found: the routes are {', '.join(self.routes)}")
@@ -849,7 +851,7 @@ class SQLStore(Store):
                 self._write_batch(batch)
             finally:
                 with here.turn:
-                    here.writing = False
+                    here.batching = False
                     # its creates are answered; another may write
                     here.turn.notify_all()
 
@@ -858,7 +860,7 @@ class SQLStore(Store):
         next batch to write, or None once this create is in one. A create still queued
         at its deadline, or while a write found the database away (see _Breaker), is a
         503 at once: it will never be written."""
-        while here.writing and not create.done():
+        while here.batching and not create.done():
             if here.writes.opened is not None or not here.turn.wait(
                 create.deadline - time.monotonic()
             ):
@@ -867,7 +869,7 @@ class SQLStore(Store):
                 return None  # in the batch being written: its answer will come
         if create.done() or create.running():
             return None
-        here.writing = True
+        here.batching = True
         return self._next_batch(here.queue)
 
     def _next_batch(self, queue):
@@ -981,35 +983,28 @@ class SQLStore(Store):
         return result
 
     def _session(self, work, write, transaction, wait):
-        for attempt in 1, 2:
-            started, reused = time.monotonic(), False
-            deadline = started + wait
-            turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
-            try:
-                with turn, self._connection(deadline) as (db, reused):
-                    return self._work(db, work, transaction, deadline)
-            except self.outages as error:
-                late = time.monotonic() - started
-                # A read that failed at once on a connection made before an outage is
-                # tried again on a new one; a write never is: it may have been done.
-                stale = not write and reused and late <= 1
-                if not stale or attempt == 2:
-                    cut = late >= wait  # at its bound: said so, not how it was cut
-                    cause = TimeoutError(f"no answer in {wait} s") if cut else error
-                    raise unavailable("the database") from cause
+        started = time.monotonic()
+        deadline = started + wait
+        turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
+        try:
+            with turn, self._connection(deadline) as db:
+                return self._work(db, work, transaction, deadline)
+        except self.outages as error:
+            cut = time.monotonic() >= deadline  # at its bound: said so, not how it was
+            cause = TimeoutError(f"no answer in {wait} s") if cut else error
+            raise unavailable("the database") from cause
 
     @contextlib.contextmanager
     def _connection(self, deadline):
-        """A connection of this process's pool, and whether it served before; an error
-        drops it, and a fork never uses its parent's connections."""
+        """A connection of this process's pool; an error drops it, and a fork never uses
+        its parent's connections."""
         here = self._here()
         if not here.slots.acquire(timeout=max(0, deadline - time.monotonic())):
             raise unavailable("the database")  # every connection busy past the deadline
         try:
             with here.lock:
                 db = here.idle.pop() if here.idle else None
-            reused = db is not None and self.usable(db)
-            if not reused:
+            if db is None or not self.usable(db):
                 if db is not None:
                     self._close(db)
                 db = self.connect(deadline)
@@ -1017,7 +1012,7 @@ class SQLStore(Store):
                 if not self._ready:  # the database was away at start: make the tables
                     self.setup(lambda sql: self.execute(db, sql, {}, deadline))
                     self._ready = True
-                yield db, reused
+                yield db
             except BaseException:
                 self._close(db)  # a connection is dropped on its first error
                 raise
@@ -1148,7 +1143,7 @@ class _Here:
         self.idle, self.busy = [], {}  # connections: free; running, to their deadline
         self.asking = threading.Lock()  # held by the one health question in flight
         self.turn = threading.Condition()  # guards queue and writing
-        self.queue, self.writing = collections.deque(), False  # creates to write
+        self.queue, self.batching = collections.deque(), False  # creates; one written
         self.writers = writers  # the lock a writer holds, shared with other processes
         self.reads, self.writes = _Breaker(), _Breaker()  # the requests'
 
@@ -1419,7 +1414,8 @@ class WebhookSender:
             "plantstore-webhooks",
             self._loop,
             lambda: this_process(self, self._fresh),
-            stops_for_fork=not self._store or self._store.STOPS_FOR_FORK,
+            # SQLite's threads stop, and the outbox in memory is SQLite's too
+            stops_for_fork=getattr(self._store, "STOPS_FOR_FORK", True),
             child_delay=self.CHILD_DELAY,
         )
         self._background.start()
