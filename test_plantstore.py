@@ -1,6 +1,7 @@
 """Tests for plantstore: the contract's table of checks, hostile input, threads and real
 sockets."""
 
+import ast
 import concurrent.futures
 import collections
 import contextlib
@@ -7501,37 +7502,100 @@ def test_the_cors_headers_the_docs_quote_are_the_ones_sent():
             assert got == value, f"{where}: {header} is {got}"
 
 
-def test_the_tour_quotes_plantstore_as_it_stands():
-    """Each ```python block of docs/tour.md is lines of plantstore.py as they stand: cut
-    at its lines that are `...`, every piece is found in the file, whole lines alike,
-    and the pieces of one section of the tour (from a heading to the next) are found in
-    the file's order, each below the one before. The order starts afresh at a heading,
-    and only there: the tour follows a request, which steps back up the file to the
-    helpers it calls (step 3, the bearer check, is above step 2, routing), while within
-    a step it reads downwards, as the file does."""
-    source = "\n" + (HERE / "plantstore.py").read_text(encoding="utf-8")
-    pieces, piece, python, fence, section = [], [], False, False, 0
+def tour_blocks():
+    """The ```python blocks of docs/tour.md: for each, whether a heading came between
+    it and the block before, and its pieces (cut at its lines that are `...`), each as
+    (its first line's number in the tour, its lines)."""
+    blocks, python, fence, heading = [], False, False, False
     for number, line in enumerate(doc_text("docs/tour.md").splitlines(), 1):
-        if python and (line == "```" or line.strip() == "..."):  # a piece ends
-            if piece:
-                pieces.append((section, piece[0][0], [text for _, text in piece]))
-            piece, python = [], line != "```"
+        if python and line == "```":
+            python = False
+        elif python and line.strip() == "...":
+            blocks[-1][1].append((number + 1, []))
         elif python:
-            piece.append((number, line))
+            blocks[-1][1][-1][1].append(line)
         elif line.startswith("```"):
             python = line == "```python"
             fence = not fence and not python  # another block: no heading inside
-        elif not fence and line.startswith("#"):  # a heading: the order starts afresh
-            section = len(pieces)
-    assert pieces, "docs/tour.md quotes no ```python block: the test reads nothing"
-    at = 0
-    for index, (section, number, lines) in enumerate(pieces):
-        wanted = "\n" + "\n".join(lines) + "\n"  # whole lines, indentation included
-        found = source.find(wanted, at if index > section else 0)
-        said = "above the one before it in" if wanted in source else "no longer in"
-        message = f"docs/tour.md:{number}: this excerpt is {said} plantstore.py:"
-        assert found >= 0, message + wanted.rstrip()
-        at = found + len(wanted) - 1  # its last line break starts the next piece
+            if python:
+                blocks.append((heading, [(number + 1, [])]))
+                heading = False
+        elif not fence and line.startswith("#"):
+            heading = True
+    return [(heading, [p for p in pieces if p[1]]) for heading, pieces in blocks]
+
+
+def plantstore_places(text):
+    """Each place of plantstore.py a block of the tour may quote, as its (first, last)
+    line: a def or a class, at any depth, or a statement of the module's own, each with
+    its decorators and the comment lines right above it."""
+    lines, tree = text.splitlines(), ast.parse(text)
+    top = {id(node) for node in tree.body}
+    places = []
+    for node in ast.walk(tree):
+        if id(node) in top or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            decorators = getattr(node, "decorator_list", [])
+            first = min([node.lineno, *(above.lineno for above in decorators)])
+            while first > 1 and lines[first - 2].lstrip().startswith("#"):
+                first -= 1
+            places.append((first, node.end_lineno))
+    return places
+
+
+def test_the_tour_quotes_plantstore_as_it_stands():
+    """Each ```python block of docs/tour.md quotes one place of plantstore.py as it
+    stands. Cut at its lines that are `...`, every piece is found in the file, whole
+    lines alike, each below the one before; and all of them lie in the innermost def,
+    class or module statement that holds the block's first line, so that no block
+    joins two functions into what reads as one. The blocks of one section of the tour
+    (from a heading to the next) are in the file's order, each below the one before.
+    The order starts afresh at a heading, and only there: the tour follows a request,
+    which steps back up the file to the helpers it calls (step 3, the bearer check, is
+    above step 2, routing), while within a step it reads downwards, as the file does."""
+    text = (HERE / "plantstore.py").read_text(encoding="utf-8")
+    source, places = "\n" + text, plantstore_places(text)
+
+    def line_at(offset):  # the line of plantstore.py that starts after source[offset]
+        return source.count("\n", 0, offset + 1)
+
+    def one_place(wanted, start, within=True):
+        """The offset after the block's last piece, if its pieces are found in order
+        from start, and (within) all in the place that holds the first; else None.
+        Each place the first piece is found in is tried."""
+        found = source.find(wanted[0], start)
+        while found >= 0:
+            first = line_at(found)
+            holding = [(b - a, b) for a, b in places if a <= first <= b] or [(0, 0)]
+            last = min(holding)[1] if within else len(source)  # 0: held by none
+            at = found
+            for piece in wanted:
+                at = source.find(piece, at)
+                if at < 0 or line_at(at) + piece.count("\n") - 2 > last:  # its end
+                    break
+                at += len(piece) - 1  # its last line break starts the next piece
+            else:
+                return at
+            found = source.find(wanted[0], found + 1)
+        return None
+
+    blocks, at = tour_blocks(), 0
+    assert blocks, "docs/tour.md quotes no ```python block: the test reads nothing"
+    for heading, pieces in blocks:
+        wanted = ["\n" + "\n".join(lines) + "\n" for _, lines in pieces]  # whole lines
+        start = 0 if heading else at
+        at = one_place(wanted, start)
+        if at is None:
+            for (number, _), piece in zip(pieces, wanted, strict=True):
+                said = f"docs/tour.md:{number}: this excerpt is no longer in the file"
+                assert piece in source, f"{said}:{piece.rstrip()}"
+            said = f"docs/tour.md:{pieces[0][0]}: this block"
+            assert one_place(wanted, start, within=False), (
+                f"{said} is above the one before, or its pieces out of the file's order"
+            )
+            pytest.fail(
+                f"{said} joins places of plantstore.py into what reads as one: "
+                "quote each in a block of its own, introduced by where it is"
+            )
 
 
 # ---- The benchmark still runs (a smoke run, tiny counts; speed is not asserted) ----
