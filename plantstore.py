@@ -380,12 +380,9 @@ class PlantStore(Store):
             self._tags[-1].append(tag)
             self._next += 1
             if self._next % CHUNK == 0:  # the last chunk full: sealed, a new one opened
-                self._names[-1], self._tags[-1] = (
-                    tuple(self._names[-1]),
-                    tuple(self._tags[-1]),
-                )
-                self._names.append([])
-                self._tags.append([])
+                for chunks in self._names, self._tags:
+                    chunks[-1] = tuple(chunks[-1])
+                    chunks.append([])
             return True
 
     def page(self, after, limit):
