@@ -343,10 +343,8 @@ class PagesFromList(Store):
 
     def __init__(self, store):
         self.store = store
-        self.add, self.delete = (
-            getattr(store, "add", None),
-            getattr(store, "delete", None),
-        )
+        self.add = getattr(store, "add", None)
+        self.delete = getattr(store, "delete", None)
 
     def page(self, after, limit):
         start = max(after or 0, 0)  # seqs are list positions; any cursor may come
