@@ -1656,7 +1656,7 @@ def check_webhook_url(url):
     """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it
     can be delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:  # scheme, host and port as a browser's origin, so no user-info either
-        browser_origin("://".join(urlsplit(url)[:2]))
+        _origin(url)
         good = not re.search(r"[\x00-\x20\x7f]", url)
     except ValueError:
         good = False
