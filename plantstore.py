@@ -978,8 +978,7 @@ class SQLStore(Store):
         return result
 
     def _session(self, work, write, transaction, wait):
-        started = time.monotonic()
-        deadline = started + wait
+        deadline = time.monotonic() + wait
         turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
         try:
             with turn, self._connection(deadline) as db:
