@@ -1758,17 +1758,18 @@ def serve_metrics(application, store, sender):
         except HTTPError:  # the database is away, or did not answer in time
             rows, up = [], 0
         # with no answer, no figures: a receiver's 0 would say that none of its wait
-        receivers = {origin: [0, 0, now] for origin in configured if up}
+        receivers = {origin: [0, 0, 0.0] for origin in configured if up}
         for url, waiting, failing, created in rows:
-            figures = receivers.setdefault(_origin(url), [0, 0, now])
+            figures = receivers.setdefault(_origin(url), [0, 0, 0.0])
             figures[0] += waiting
             figures[1] += failing
-            figures[2] = min(figures[2], created or now)  # None: written by 1.3.0
+            # the oldest event's age; created is None for an event written by 1.3.0
+            figures[2] = max(figures[2], now - (created or now))
         text = METRICS.format(version=__version__, up=up)
         for at, (name, meaning) in enumerate(RECEIVER_METRICS.items()):
             text += f"# HELP {name} {meaning}\n# TYPE {name} gauge\n"
             for origin, figures in receivers.items():
-                figure = figures[at] if at < 2 else round(now - figures[2], 3)  # age
+                figure = round(figures[at], 3)
                 text += f"{name}{{receiver={_json_string(origin)}}} {figure}\n"
         return 200, text.encode(), [("Content-Type", METRICS_TYPE)]
 
