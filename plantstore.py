@@ -1479,7 +1479,7 @@ class WebhookSender:
     def _loop(self):
         here, wait = this_process(self, self._fresh), 0  # the first round at once
         while self._background.pause(wait):
-            wait = self.POLL_SECONDS
+            wait = RETRY_AFTER  # unless the round goes well
             try:
                 if here.first_round:
                     self._drop_unconfigured()
@@ -1490,7 +1490,6 @@ class WebhookSender:
                 if not self._store:  # what waits, counted again: notify() counts up
                     self._waiting = sum(row[2] for row in self.outbox(self.WAITING))
             except HTTPError as error:  # the database is away, or busy elsewhere
-                wait = RETRY_AFTER
                 if not here.waiting:  # said once, until it answers again
                     here.waiting = True
                     _log(
@@ -1502,8 +1501,8 @@ class WebhookSender:
                     f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
                     f"{traceback.format_exc()}"
                 )
-                wait = RETRY_AFTER
             else:
+                wait = self.POLL_SECONDS
                 if here.waiting:
                     here.waiting = False
                     _log("webhook delivery goes on")
