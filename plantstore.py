@@ -279,10 +279,10 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?
 def query_page(environ):
     """Return `limit` (None, or 0 to INT32_MAX) and `after` (None, or a plant's seq)."""
     query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-    limit, after = query.get("limit"), query.get("after")
-    for name, values in ("limit", limit), ("after", after):
-        if values is not None and len(values) > 1:
+    for name in "limit", "after":
+        if len(query.get(name, [])) > 1:
             raise HTTPError(400, f"'{name}' may be given once")
+    limit, after = query.get("limit"), query.get("after")
     if limit is not None:
         limit = url_integer(limit[0], "limit", 0, INT32_MAX, "int32")
     if after is not None:
