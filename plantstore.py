@@ -411,11 +411,12 @@ class PlantStore(Store):
             if number == len(self._names) - 1:  # open chunk, a list: changed in place
                 self._names[number][index] = self._tags[number][index] = None
             else:  # a full chunk, a tuple: made anew, or dropped when empty
-                names, tags = list(self._names[number]), list(self._tags[number])
-                names[index] = tags[index] = None
-                emptied = names.count(None) == CHUNK  # no plant left in it
-                self._names[number] = None if emptied else tuple(names)
-                self._tags[number] = None if emptied else tuple(tags)
+                for chunks in self._names, self._tags:
+                    chunk = list(chunks[number])
+                    chunk[index] = None
+                    chunks[number] = tuple(chunk)
+                if self._names[number].count(None) == CHUNK:  # no plant left in it
+                    self._names[number] = self._tags[number] = None
             while self._first < self._next and not self._holds(self._first):
                 self._first += 1  # so pages never walk over deleted oldest plants
             return True
