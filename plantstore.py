@@ -967,11 +967,14 @@ class SQLStore(Store):
         if background:
             return self._session(work, write, transaction, wait)
         here = self._here()
-        with here.writes.passing() if write else here.reads.passing():
+        with (here.writes if write else here.reads).passing():
             try:
                 result = self._session(work, write, transaction, wait)
             except HTTPError as error:
-                self._outage(error.__cause__, write)
+                cause = error.__cause__  # None: every connection was busy, no outage
+                if cause is not None and self._outage_said is None:
+                    self._outage_said = write
+                    _log(f"the {self.shown} is unavailable: {self.describe(cause)}")
                 raise
         if self._outage_said is write:  # reads that work end no outage of writes
             self._outage_said = None
@@ -1063,13 +1066,6 @@ class SQLStore(Store):
     def _close(self, db):
         with contextlib.suppress(Exception):
             db.close()
-
-    def _outage(self, error, write):
-        """Say once per outage that the database is away (error: None, if it is not:
-        every connection was busy)."""
-        if error is not None and self._outage_said is None:
-            self._outage_said = write
-            _log(f"the {self.shown} is unavailable: {self.describe(error)}")
 
     def describe(self, error):
         return str(error).splitlines()[0] if str(error) else type(error).__name__
