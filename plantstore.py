@@ -384,7 +384,6 @@ class PlantStore(Store):
             return True
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
         with self._lock:
             plants = []
             start = self._first if after is None else max(after + 1, self._first)
@@ -402,7 +401,6 @@ class PlantStore(Store):
             return plants
 
     def delete(self, plant_id):
-        """Remove the plant and return True, or return False if there was none."""
         with self._lock:
             seq = self._seq.pop(plant_id, None)
             if seq is None:
@@ -930,7 +928,6 @@ class SQLStore(Store):
             asking.release()
 
     def page(self, after, limit):
-        """Up to `limit` (seq, name, tag) of the plants created after seq `after`."""
         rows = self.run(self.PAGE, after=after or 0, limit=limit)
         return [
             (seq, _text(name), None if tag is None else _text(tag))
@@ -938,7 +935,6 @@ class SQLStore(Store):
         ]
 
     def delete(self, plant_id):
-        """Remove the plant and return True, or return False if there was none."""
         return bool(self.run(self.DELETE, id=plant_id))
 
     def run(self, sql, **parameters):
