@@ -494,7 +494,7 @@ class Application:
             store = PagesFromList(store)
         self.store = store
         for method in Store.required:
-            if not callable(getattr(self.store, method, None)):
+            if not callable(getattr(store, method, None)):
                 raise TypeError(f"the store has no {method}() method: see Store")
         self.max_body_bytes, self.on_create, self.routes = max_body_bytes, None, {}
         self.route("GET", "/plants", self.list_plants, "listPlants")
