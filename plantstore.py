@@ -2454,16 +2454,15 @@ def app_from_environ(environ=os.environ, tokens=None):
         )
     tokens = check_tokens(tokens)
 
-    def listed(name):
-        return [
-            item.strip() for item in environ.get(name, "").split(",") if item.strip()
-        ]
+    def listed(name, check):  # each comma-separated item, checked
+        items = environ.get(name, "").split(",")
+        return [check(item.strip()) for item in items if item.strip()]
 
-    urls = [check_webhook_url(url) for url in listed(WEBHOOK_URL_VARIABLE)]
+    urls = listed(WEBHOOK_URL_VARIABLE, check_webhook_url)
     secret = setting(environ, WEBHOOK_SECRET_VARIABLE)
     if urls:
         webhook_secret_key(secret)
-    origins = [browser_origin(origin) for origin in listed(CORS_VARIABLE)]
+    origins = listed(CORS_VARIABLE, browser_origin)
     store = store_from_environ(environ)  # last: a refused setting makes no file
     application = make_app(
         tokens, store, webhook_urls=urls, webhook_secret=secret, cors_origins=origins
