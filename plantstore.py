@@ -1575,11 +1575,10 @@ class WebhookSender:
         signature = base64.b64encode(hmac.digest(self._key, signed, "sha256"))
         parts = urlsplit(url)
         https = parts.scheme == "https"
+        kind = http.client.HTTPSConnection if https else http.client.HTTPConnection
         # the port given, always: from the host alone, http.client reads [::1] as 1
-        port = parts.port or (443 if https else 80)
-        connection = (
-            http.client.HTTPSConnection if https else http.client.HTTPConnection
-        )(parts.hostname, port, timeout=self.TIMEOUT)
+        port = parts.port or kind.default_port
+        connection = kind(parts.hostname, port, timeout=self.TIMEOUT)
         connection.response_class = _FinalResponse
         here.connections[connection] = deadline = time.monotonic() + self.TIMEOUT
         try:
