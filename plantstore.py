@@ -71,7 +71,7 @@ from urllib.parse import urlsplit
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 if sys.version_info < (3, 11):  # one line, not a traceback from code that needs 3.11
-    raise getattr(sys.modules.get("gunicorn.errors"), "AppImportError", SystemExit)(
+    raise SystemExit(
         "plantstore needs Python 3.11 or newer; this is Python "
         + sys.version.split()[0]
     )
@@ -510,7 +510,8 @@ class Application:
     def __call__(self, environ, start_response):
         """Answer a request; only a stream's exception escapes, once its 200 is sent."""
         request_id = environ.get("HTTP_X_REQUEST_ID", "")
-        if not _REQUEST_ID.fullmatch(request_id):  # random re-seeds in a fork's child
+        if not _REQUEST_ID.fullmatch(request_id):
+            # random re-seeds in a fork's child: no two workers make the same ids
             request_id = f"{random.getrandbits(64):016x}"
         try:
             status, body, headers = self.respond(environ)
@@ -984,7 +985,8 @@ class SQLStore(Store):
             with turn, self._connection(deadline) as db:
                 return self._work(db, work, transaction, deadline)
         except self.outages as error:
-            cut = time.monotonic() >= deadline  # at its bound: said so, not how it was
+            # cut at its bound (a watchdog's shutdown, say): the log says so instead
+            cut = time.monotonic() >= deadline
             cause = TimeoutError(f"no answer in {wait} s") if cut else error
             raise unavailable("the database") from cause
 
@@ -1019,7 +1021,7 @@ class SQLStore(Store):
     def _work(self, db, work, transaction, deadline):
         def run(sql, **parameters):
             rows = self.execute(db, sql, parameters, deadline)
-            # all: the statement is done
+            # read whole, so that the statement is over before the next one
             return rows.fetchall() if rows.description else []
 
         if transaction:  # one that fails is rolled back: its connection is dropped
@@ -1129,7 +1131,7 @@ class _Here:
         self.slots = threading.Semaphore(pool_size)  # connections left to make
         self.idle, self.busy = [], {}  # connections: free; running, to their deadline
         self.asking = threading.Lock()  # held by the one health question in flight
-        self.turn = threading.Condition()  # guards queue and writing
+        self.turn = threading.Condition()  # guards queue and batching
         self.queue, self.batching = collections.deque(), False  # creates; one written
         self.writers = writers  # the lock a writer holds, shared with other processes
         self.reads, self.writes = _Breaker(), _Breaker()  # the requests'
@@ -1396,7 +1398,7 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None
         if self._store:
             store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
-        self._waiting, self._dropping, self._closed = 0, False, False
+        self._in_memory, self._dropping, self._closed = 0, False, False
         self._background = Background(
             "plantstore-webhooks",
             self._loop,
@@ -1409,10 +1411,12 @@ class WebhookSender:
 
     def _fresh(self):
         """This process's attempts (their events, and whether each is a probe, keyed by
-        seq; their statuses come in `done`), the receivers it probes (to when each was
-        last probed), and, with no SQL store, its outbox in memory."""
-        here = types.SimpleNamespace(in_flight={}, done=[], connections={}, failing={})
-        here.first_round, here.waiting = True, False  # waiting: on the database
+        seq; their statuses come in `done`), the receivers on probation (to when each
+        was last tried), and, with no SQL store, its outbox in memory."""
+        here = types.SimpleNamespace(
+            in_flight={}, done=[], connections={}, probation={}
+        )
+        here.first_round, here.stalled = True, False  # stalled: said to wait on the db
         if not self._store:  # used by the sender and by notify(), in turn
             here.memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
@@ -1441,15 +1445,16 @@ class WebhookSender:
         """After a create: write the event in memory, or wake for the one SQL wrote."""
         if not (self._store or self._closed):  # closed: its memory is gone
             body = event_json(plant_id, name, tag)
-            if self._waiting + len(body) <= self.MAX_WAITING_BYTES:
+            size = len(body) * len(self.urls)  # an event for each URL
+            if self._in_memory + size <= self.MAX_WAITING_BYTES:
                 self._write(self.outbox, body)
-                self._waiting += len(body) * len(self.urls)  # in bytes
+                self._in_memory += size
                 self._dropping = False
             elif not self._dropping:
                 self._dropping = True
                 _log(
-                    f"webhook events are dropped: {self._waiting // 2**20} MB of them "
-                    "wait in memory already, until they drain"
+                    f"webhook events are dropped: {self._in_memory // 2**20} MB of "
+                    "them wait in memory already, until they drain"
                 )
         self._background.wake()
 
@@ -1481,10 +1486,10 @@ class WebhookSender:
                 self._claim(here)
                 self._cut_late_attempts(here)
                 if not self._store:  # what waits, counted again: notify() counts up
-                    self._waiting = sum(row[2] for row in self.outbox(self.WAITING))
+                    self._in_memory = sum(row[2] for row in self.outbox(self.WAITING))
             except HTTPError as error:  # the database is away, or busy elsewhere
-                if not here.waiting:  # said once, until it answers again
-                    here.waiting = True
+                if not here.stalled:  # said once, until it answers again
+                    here.stalled = True
                     _log(
                         f"webhook delivery waits for the {self._store.shown}: "
                         + self._store.describe(error.__cause__)
@@ -1496,8 +1501,8 @@ class WebhookSender:
                 )
             else:
                 wait = self.POLL_SECONDS
-                if here.waiting:
-                    here.waiting = False
+                if here.stalled:
+                    here.stalled = False
                     _log("webhook delivery goes on")
         if self._closed or not self._background.stopping:  # not a fork's pause: the end
             self._closed = True
@@ -1535,21 +1540,21 @@ class WebhookSender:
         now = time.time()
         for url in self.urls:
             busy = sum(event[1] == url for event, _ in here.in_flight.values())
-            probe = here.failing.get(url)  # when it was last probed; None: not probed
-            if probe is not None and (busy or now - probe < self.PROBE_SECONDS):
+            probe = here.probation.get(url)  # when it was last tried; None: not on it
+            if probe and (busy or now - probe < self.PROBE_SECONDS):
                 continue
             events = self.outbox(
                 self.CLAIM,
                 lease=now + self.LEASE_SECONDS,
                 now=now,
                 url=url,
-                due=now if probe is None else math.inf,
-                free=self.PER_URL - busy if probe is None else 1,
+                due=math.inf if probe else now,
+                free=1 if probe else self.PER_URL - busy,
             )
-            if probe is not None:  # probed now; with no event, there is none to probe
-                here.failing[url] = now
+            if probe:  # tried now; with no event, there is none to probe
+                here.probation[url] = now
                 if not events:
-                    del here.failing[url]
+                    del here.probation[url]
             for event in events:
                 here.in_flight[event[0]] = event, probe
                 threading.Thread(
@@ -1593,12 +1598,9 @@ class WebhookSender:
                     "webhook-signature": f"v1,{signature.decode()}",
                 },
             )
-            # no redirect is followed: 3xx is no delivery
-            status = connection.getresponse().status
-            # cut: its headers never ended
-            return status if time.monotonic() < deadline else None
-        # refused, cut, garbled: no answer, retried on schedule like any other
-        except Exception:
+            status = connection.getresponse().status  # no redirect followed: 3xx fails
+            return status if time.monotonic() < deadline else None  # else it was cut
+        except Exception:  # refused, cut, garbled: no answer, retried on schedule
             return None
         finally:
             del here.connections[connection]
@@ -1619,17 +1621,18 @@ class WebhookSender:
                 "it gets no more events"
             )
             return
-        if url not in self.urls or status and 200 <= status < 300:  # or its URL went
+        if url not in self.urls or (status and 200 <= status < 300):  # or its URL went
             self.outbox(self.DONE, seq=seq)
-            here.failing.pop(url, None)
+            here.probation.pop(url, None)
             if probe:  # through after a silence: the others follow now
                 self.outbox(self.DUE_NOW, now=now, url=url)
             return
-        if status in (None, 502, 503, 504):  # no answer from the receiver itself:
-            here.failing.setdefault(url, now)  # probed until one gets through
+        # no answer from the receiver itself: it is probed until one gets through
+        if status in (None, 502, 503, 504):
+            here.probation.setdefault(url, now)
         else:  # its answer, if no 2xx: it is back, its events go as usual
-            here.failing.pop(url, None)
-        if probe is not None and due > now:  # a probe ahead of the event's schedule
+            here.probation.pop(url, None)
+        if probe and due > now:  # a probe ahead of the event's schedule
             self.outbox(self.RELEASE, seq=seq)
         elif attempts < len(self.SCHEDULE):
             delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
@@ -1830,9 +1833,11 @@ def with_cors(application, origins):
 
 # ---- The OpenAPI document the service serves at /openapi.json ----
 
-# The document as it is served, but for `servers`, which says where the application is
-# mounted. HEAD and OPTIONS are not operations in it, though every route answers them
-# (docs/http.md): a client has nothing to call there; nor, for that reason, is 405.
+# The document as it is served, but for what serve_document fills in from the routes
+# (each operationId, and `security: []` where no token is needed) and `servers`, which
+# says where the application is mounted. HEAD and OPTIONS are not operations in it,
+# though every route answers them (docs/http.md): a client has nothing to call there;
+# nor, for that reason, is 405.
 OPENAPI = json.loads(
     """{
   "openapi": "3.1.0",
@@ -2398,11 +2403,10 @@ def store_from_environ(environ=os.environ):
                 "folder installs plantstore_postgres.py and psycopg"
             ) from None
         return PostgresStore(value)
-    if re.fullmatch("(?i)sqlite:///[^:?][^?]*", value):
-        # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
-        value = value[10:]
-    # mysql://, file:..., :memory:; not served
-    elif re.match(r"[A-Za-z][\w+.-]*:|:", value):
+    # SQLAlchemy's sqlite:///relative/path, but not :memory: nor ?mode=
+    if path := re.fullmatch("(?i)sqlite:///([^:?][^?]*)", value):
+        value = path[1]
+    elif re.match(r"[A-Za-z][\w+.-]*:|:", value):  # mysql://, file:, :memory:: no
         raise ValueError(
             f"{DB_VARIABLE} takes {DB_FORMS}; unset it to keep the plants in memory"
         )
@@ -2478,8 +2482,7 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
         app = app_from_environ()
-    # gunicorn prints its AppImportError in one line, and stops
-    except ValueError as problem:
+    except ValueError as problem:  # gunicorn prints its AppImportError in a line, stops
         error = getattr(
             sys.modules.get("gunicorn.errors"), "AppImportError", AttributeError
         )
