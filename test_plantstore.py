@@ -66,6 +66,7 @@ from testbed import (
     assert_unavailable,
     cluster_pids,
     environ_without_tokens,
+    first_retry_after,
     exchange,
     free_port,
     granian_command,
@@ -3858,6 +3859,13 @@ def test_edges_a_receiver_that_sends_103_early_hints_then_200_gets_the_event_onc
 def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_request(
     kind, database, spawn, receiver, tmp_path, request
 ):
+    """50 creates while the receiver is down, kill -9, the receiver back, and a start
+    with no request: every event arrives within 20 s. The events each process tried
+    once before the kill are due after the start, a second after their attempt rather
+    than the schedule's 5 s (first_retry_after: the wait is what the test is about, not
+    its length), so the new process must send them on its own, with no request, once
+    due. Under --preload each worker's sender is a fork's child, whose first round comes
+    CHILD_DELAY after the fork: there they are due a second after that."""
     hook = receiver()
     hook_port = hook.server.server_address[1]
     hook.stop()  # the receiver is down while the plants are created
@@ -3881,7 +3889,11 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         PLANTSTORE_WEBHOOK_URL=hook.url,
         PLANTSTORE_WEBHOOK_SECRET=SECRET,
     )
-    server = start_a_server(kind, spawn, env, database)
+    schedule = first_retry_after(
+        tmp_path / "schedule",
+        1 + (plantstore.WebhookSender.CHILD_DELAY if kind == "gunicorn-preload" else 0),
+    )
+    server = start_a_server(kind, spawn, env, database, [schedule])
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         statuses = pool.map(
             lambda n: post_over_http(
@@ -3902,7 +3914,7 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
     os.killpg(server.process.pid, signal.SIGKILL)
     server.process.wait(WAIT)
     back = receiver(hook_port)
-    start_a_server(kind, spawn, env, database)  # and no request, from here on
+    start_a_server(kind, spawn, env, database, [schedule])  # and no request, from here
     wait_until(
         lambda: len(back.delivered()) >= 50,
         lambda: f"{len(back.delivered())} of 50 events came",
