@@ -3481,6 +3481,7 @@ def test_webhooks_under_gunicorn_preload_every_create_answers_and_every_event_ar
     """--preload builds the app in gunicorn's master, then forks: nothing may start, or
     hold a lock, before."""
     # fresh starts: a lock held at the fork hung creates in some starts, not all
+    stopping = []  # each stops (in a second or two) while the next one starts
     for start in range(3):
         hook = receiver()
         db = (
@@ -3509,8 +3510,10 @@ def test_webhooks_under_gunicorn_preload_every_create_answers_and_every_event_ar
             connection.close()
         assert sorted(plant["id"] for plant in hook.wait_for(5)) == list(range(5))
         os.killpg(process.pid, signal.SIGTERM)
-        process.wait(WAIT)
+        stopping.append(process)
         hook.stop()
+    for process in stopping:
+        process.wait(WAIT)
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
