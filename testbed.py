@@ -625,10 +625,11 @@ def nginx_binary():
     return found
 
 
-def start_nginx(spawn, folder, upstreams, logged=""):
+def start_nginx(spawn, folder, upstreams, logged="", changed=()):
     """nginx with the shipped deploy/nginx.conf, its ports and paths substituted, in
     front of the gunicorns at `upstreams` (host:port, one or two); `logged`: http-level
-    lines the test adds. Return its loopback port."""
+    lines the test adds; `changed`: (shipped line, the test's) for a test of a
+    mechanism, not of the shipped figure. Return its loopback port."""
     port = free_port()
     config = (HERE / "deploy" / "nginx.conf").read_text()
     substitutions = [
@@ -648,6 +649,7 @@ def start_nginx(spawn, folder, upstreams, logged=""):
             f"http {{\n    client_body_temp_path {folder}/body;"
             f" proxy_temp_path {folder}/proxy;\n{logged}",
         ),
+        *changed,
     ]
     for shipped, local in substitutions:
         assert shipped in config, (
