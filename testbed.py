@@ -529,15 +529,49 @@ def serve_batches(spawn, server, database, db, **settings):
     return started.process, ("127.0.0.1", started.port)
 
 
-def start_a_server(kind, spawn, env, database):
+FIRST_RETRY_AFTER = """\
+# Written by testbed.first_retry_after for one test: the webhook schedule's first step
+# shortened in every Python process started with this folder on PYTHONPATH, set as the
+# class is made, so before any app is built, whatever server imports plantstore, and
+# under `python plantstore.py` too, whose classes are __main__'s.
+import builtins
+
+_build_class = builtins.__build_class__
+
+
+def _build(function, name, /, *bases, **keywords):
+    made = _build_class(function, name, *bases, **keywords)
+    if name == "WebhookSender" and made.__module__ in ("plantstore", "__main__"):
+        made.SCHEDULE = ({seconds!r}, *made.SCHEDULE[1:])
+    return made
+
+
+builtins.__build_class__ = _build
+"""
+
+
+def first_retry_after(folder, seconds):
+    """A folder to put first on a server's PYTHONPATH (its sitecustomize.py, above) so
+    that a failed attempt is retried `seconds` later rather than after
+    WebhookSender.SCHEDULE's first step (5 s), the rest of the schedule as it is: for a
+    test whose events a restart finds not yet due, which must wait for them. A Python
+    started with -E, -I or -S reads none of it: its schedule is the shipped one."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(FIRST_RETRY_AFTER.format(seconds=seconds))
+    return folder
+
+
+def start_a_server(kind, spawn, env, database, pythonpath=()):
     """Start plantstore under one of the servers a user may pick, as its documentation
     says, on a free loopback port; return it once it accepts connections, with no
-    request sent.
+    request sent. `pythonpath`: folders to look in before this one, such as
+    first_retry_after's.
 
     The answer has the process, its host and port, and output(): all it printed, once
     it has ended.
     """
-    env = {**env, "PYTHONPATH": str(HERE)}  # plantstore: this folder's, on any server
+    # plantstore: this folder's, on any server
+    env = {**env, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), str(HERE)])}
     if kind == "python-plantstore-py":
         process = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
         log = Lines(process.stderr)
@@ -591,10 +625,11 @@ def nginx_binary():
     return found
 
 
-def start_nginx(spawn, folder, upstreams, logged=""):
+def start_nginx(spawn, folder, upstreams, logged="", changed=()):
     """nginx with the shipped deploy/nginx.conf, its ports and paths substituted, in
     front of the gunicorns at `upstreams` (host:port, one or two); `logged`: http-level
-    lines the test adds. Return its loopback port."""
+    lines the test adds; `changed`: (shipped line, the test's) for a test of a
+    mechanism, not of the shipped figure. Return its loopback port."""
     port = free_port()
     config = (HERE / "deploy" / "nginx.conf").read_text()
     substitutions = [
@@ -614,6 +649,7 @@ def start_nginx(spawn, folder, upstreams, logged=""):
             f"http {{\n    client_body_temp_path {folder}/body;"
             f" proxy_temp_path {folder}/proxy;\n{logged}",
         ),
+        *changed,
     ]
     for shipped, local in substitutions:
         assert shipped in config, (
