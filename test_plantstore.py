@@ -4792,6 +4792,74 @@ def test_restarts_nothing_leaks_from_200_apps_built_and_closed(spawn, tmp_path, 
         assert said["after"]["system threads"] == 1, db
 
 
+def test_restarts_a_locked_sqlite_holds_up_no_fork_and_no_stop(
+    spawn, receiver, tmp_path
+):
+    """Issue 44: a writer waits for SQLite in naps and for the writers' turn on a
+    bell, each to a deadline, never in a call that nothing cuts short. Under gunicorn
+    --preload, with the file held by another process's transaction for as long as the
+    test runs, and the events due (their first retry 1 s after their attempt, by
+    first_retry_after): the master's sender, which stops before each fork, is then in
+    such a wait to claim them, and a killed worker's replacement boots within its bound
+    (BACKGROUND_WAIT, 1 s) and a second for the boot, never the lock's length. Then 8
+    creates wait in the workers, and SIGTERM ends gunicorn once they are answered,
+    each 503 with Retry-After within its bound; no event is left leased."""
+    hook = receiver()
+    hook.statuses = [500] * 1000  # events wait, none due for 5 s after their first try
+    path = str(tmp_path / "plants.sqlite3")
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=path,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        PYTHONPATH=str(first_retry_after(tmp_path / "schedule", 1)),
+    )
+    process, host, port, err = start_gunicorn(spawn, env, 2, 4, "--preload")
+    for plant_id in range(5):
+        document = {"id": plant_id, "name": f"p{plant_id}"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 200
+    wait_until(lambda: len(hook.arrivals) >= 5, "the first tries never came")
+    workers = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", SQLITE_LOCKER, path, str(WAIT)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        # the events due, and every sender, the master's too, in a wait to claim them
+        time.sleep(1 + plantstore.WebhookSender.POLL_SECONDS + 0.2)
+        killed = time.monotonic()
+        os.kill(workers[0], signal.SIGKILL)
+        err.until(r"Booting worker")
+        booted = time.monotonic() - killed
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            creates = [
+                pool.submit(timed_exchange, (host, port), "POST", "/plants", document)
+                for document in ({"id": n, "name": "held"} for n in range(100, 108))
+            ]
+            time.sleep(1)  # each one in its wait
+            stopped = time.monotonic()
+            os.killpg(process.pid, signal.SIGTERM)
+            assert process.wait(WAIT) == 0
+            stop = time.monotonic() - stopped
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    # BACKGROUND_WAIT (1 s) and a second for the boot
+    assert booted < 2, f"the new worker booted {booted:.1f} s after the kill"
+    answers = [create.result() for create in creates]
+    assert [status for _, status, _, _ in answers] == [503] * 8, answers
+    assert all("Retry-After" in headers for _, _, headers, _ in answers)
+    assert max(seconds for seconds, *_ in answers) < OUTAGE_CREATE_BOUND
+    assert stop < OUTAGE_CREATE_BOUND, f"gunicorn took {stop:.1f} s to stop"
+    leased = f"SELECT count(*) FROM plant_events WHERE lease > {time.time()}"
+    assert read_database(path, leased) == [(0,)]
+    assert "Traceback" not in err.rest()
+
+
 # ---- The OpenAPI document, and schemathesis against it ----
 
 
