@@ -476,19 +476,8 @@ def test_metrics_sqlite_held_by_another_process_answer_200_within_2_5_s(
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
     _, host, port, err = start_gunicorn(spawn, env, 2, 4)  # no connection held yet
     wait_apps_built(err, 2)
-    locker = subprocess.Popen(
-        [sys.executable, "-c", holder, path, str(WAIT)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert locker.stdout.readline() == "locked\n"
+    with sqlite_held(path, holder):
         scrapes = [scrape(host, port) for _ in range(4)]
-    finally:
-        locker.kill()
-        locker.wait()
-        locker.stdout.close()
     for seconds, status, headers, text in scrapes:
         assert status == 200 and headers["Content-Type"] == METRICS_TYPE, text
         assert seconds < OUTAGE_HEALTH_BOUND, f"answered after {seconds:.2f} s"
@@ -2656,6 +2645,25 @@ SQLITE_LOCKER = (  # python -c SQLITE_LOCKER FILE SECONDS: another process's tra
 )
 
 
+@contextlib.contextmanager
+def sqlite_held(path, holder):
+    """The SQLite file at path held by another process while the block runs: `holder`
+    is SQLITE_LOCKER (a write transaction) or SQLITE_FILE_HOLDER (from readers too)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", holder, str(path), str(WAIT)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "locked\n"
+        yield
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+
+
 def serve_for_an_outage(spawn, server, db, first_id):
     """gunicorn -w 2 --threads 4, or python plantstore.py, on db, once each of its
     processes has built the app, and 16 creates have been answered 200; return
@@ -4820,14 +4828,7 @@ def test_restarts_a_locked_sqlite_holds_up_no_fork_and_no_stop(
         assert post_over_http(host, port, TOKEN, document)[0] == 200
     wait_until(lambda: len(hook.arrivals) >= 5, "the first tries never came")
     workers = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
-    holder = subprocess.Popen(
-        [sys.executable, "-c", SQLITE_LOCKER, path, str(WAIT)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline() == "locked\n"
+    with sqlite_held(path, SQLITE_LOCKER):
         # the events due, and every sender, the master's too, in a wait to claim them
         time.sleep(1 + plantstore.WebhookSender.POLL_SECONDS + 0.2)
         killed = time.monotonic()
@@ -4844,10 +4845,6 @@ def test_restarts_a_locked_sqlite_holds_up_no_fork_and_no_stop(
             os.killpg(process.pid, signal.SIGTERM)
             assert process.wait(WAIT) == 0
             stop = time.monotonic() - stopped
-    finally:
-        holder.kill()
-        holder.wait()
-        holder.stdout.close()
     # BACKGROUND_WAIT (1 s) and a second for the boot
     assert booted < 2, f"the new worker booted {booted:.1f} s after the kill"
     answers = [create.result() for create in creates]

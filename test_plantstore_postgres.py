@@ -1610,22 +1610,15 @@ def test_restarts_a_read_only_postgres_is_a_503_said_once(
 
     assert create()[0] == 200
     refused = []
-    with psycopg.connect(pg_url, autocommit=True) as admin:
-        admin.execute("SET default_transaction_read_only = off")  # this session's own
-        try:
-            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
-            admin.execute("SELECT pg_reload_conf()")
-            while len(refused) < 10:  # a few seconds of it
-                status, headers, body = create()
-                if status != 200:
-                    refused.append((status, headers.get("Retry-After"), body))
-                    time.sleep(0.2)
-            spell = err.so_far()
-            health = exchange(host, port, "GET", "/health")[0]
-        finally:
-            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
-            admin.execute("SELECT pg_reload_conf()")
-        writable = time.monotonic()
+    with read_only(pg_url):
+        while len(refused) < 10:  # a few seconds of it
+            status, headers, body = create()
+            if status != 200:
+                refused.append((status, headers.get("Retry-After"), body))
+                time.sleep(0.2)
+        spell = err.so_far()
+        health = exchange(host, port, "GET", "/health")[0]
+    writable = time.monotonic()
     while (answer := create())[0] != 200:
         assert time.monotonic() < writable + 3, answer
     assert {(status, retry) for status, retry, _ in refused} == {(503, "2")}, refused
@@ -1649,22 +1642,31 @@ def test_restarts_a_read_only_spell_is_said_once_while_health_is_polled(spawn, p
         spawn, environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
     )
     statuses = []
-    with psycopg.connect(pg_url, autocommit=True) as admin:
-        admin.execute("SET default_transaction_read_only = off")  # this session's own
-        try:
-            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
-            admin.execute("SELECT pg_reload_conf()")
-            for plant_id in range(5):
-                document = {"id": plant_id, "name": "p"}
-                statuses.append(exchange(host, port, "POST", "/plants", document)[0])
-                statuses.append(exchange(host, port, "GET", "/health")[0])
-        finally:
-            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
-            admin.execute("SELECT pg_reload_conf()")
+    with read_only(pg_url):
+        for plant_id in range(5):
+            document = {"id": plant_id, "name": "p"}
+            statuses.append(exchange(host, port, "POST", "/plants", document)[0])
+            statuses.append(exchange(host, port, "GET", "/health")[0])
     stop_service(process)
     logged = err.rest()
     assert statuses[1:] == [200, 503] * 4 + [200], statuses
     assert logged.count("unavailable: cannot execute INSERT") == 1, logged
+
+
+@contextlib.contextmanager
+def read_only(pg_url):
+    """PostgreSQL read-only while the block runs, as a demoted primary is
+    (default_transaction_read_only on, reloaded: every session takes it at its next
+    statement); then it takes writes again."""
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SET default_transaction_read_only = off")  # this session's own
+        admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        admin.execute("SELECT pg_reload_conf()")
+        try:
+            yield
+        finally:
+            admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            admin.execute("SELECT pg_reload_conf()")
 
 
 def test_restarts_a_fork_never_waits_on_a_silent_postgres(
