@@ -474,19 +474,8 @@ def test_metrics_postgres_silent_answers_200_within_2_5_s_with_database_up_0(
     assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
     origin = f"http://127.0.0.1:{down}"
     assert backlog(host, port) == {origin: 1}
-    stopped = []
-    try:
-        postmaster, *_ = cluster_pids(postgres)
-        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
-        stopped.append(postmaster)
-        for pid in cluster_pids(postgres)[1:]:
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
+    with frozen_postgres(postgres):
         scrapes = [scrape(host, port) for _ in range(4)]
-    finally:
-        for pid in reversed(stopped):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     for seconds, status, headers, text in scrapes:
         assert status == 200, text
         assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
