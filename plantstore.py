@@ -76,7 +76,7 @@ if sys.version_info < (3, 11):  # one line, not a traceback from code that needs
         + sys.version.split()[0]
     )
 
-__version__ = "1.3.0"
+__version__ = "1.4.0"
 __all__ = ["Application", "HTTPError", "PlantStore"]  # the optional parts add theirs
 
 MAX_BODY_BYTES = 65536  # the default limit of a request body; a larger one answers 413
