@@ -52,7 +52,6 @@ from testbed import (
     assert_secret_kept,
     assert_unavailable,
     backlog,
-    cluster_pids,
     environ_without_tokens,
     first_retry_after,
     exchange,
@@ -381,7 +380,7 @@ def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_st
     _, address = serve_batches(spawn, "gunicorn", "postgres", pg_url)
     # each worker has its writer, connections in its pool
     creates_until(address, 0, 16, WAIT)
-    answers, stalled = {}, []
+    answers = {}
 
     def send(n):
         answers[n] = exchange(
@@ -390,13 +389,7 @@ def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_st
 
     # 2 workers x 4 threads
     senders = [threading.Thread(target=send, args=(n,), daemon=True) for n in range(8)]
-    try:
-        postmaster = cluster_pids(postgres)[0]
-        os.kill(postmaster, signal.SIGSTOP)  # first: stopped, it starts no process
-        stalled.append(postmaster)
-        for pid in cluster_pids(postgres)[1:]:
-            os.kill(pid, signal.SIGSTOP)
-            stalled.append(pid)
+    with frozen_postgres(postgres):
         for thread in senders:
             thread.start()
         # generous: two rounds of 4 threads
@@ -404,10 +397,6 @@ def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_st
         for thread in senders:
             thread.join(max(0, deadline - time.monotonic()))
         answered = dict(answers)  # as they are while the database is still stopped
-    finally:
-        for pid in reversed(stalled):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     assert len(answered) == 8, (
         f"{8 - len(answered)} of 8 creates got no answer while the database was stalled"
     )
