@@ -625,6 +625,8 @@ DB_WAIT_SECONDS = 5  # the longest a request waits on its database; past it, a 5
 # the longest GET /health waits: within a load balancer's own timeout
 HEALTH_WAIT_SECONDS = 2
 CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_SECONDS
+SETTING_FILE_BYTES = 65536  # the largest file a _FILE setting reads: a secret, a URL
+SETTING_FILE_SECONDS = 5  # the longest a _FILE setting's file or pipe may take to read
 
 
 __all__ += [
@@ -1038,8 +1040,7 @@ class SQLStore(Store):
             run_sql(statement)
         events = run_sql("SELECT * FROM plant_events LIMIT 0").description
         if "created" not in [column[0] for column in events]:
-            for statement in self.UPGRADE:
-                run_sql(statement)
+            self.upgrade(run_sql)
         for statement in self.INDEXES:  # on columns an upgrade may have added
             run_sql(statement)
         rows = run_sql("SELECT * FROM plants LIMIT 0")
@@ -1047,6 +1048,11 @@ class SQLStore(Store):
             raise ValueError(
                 f"the {self.shown} has a 'plants' table that plantstore did not make"
             )
+
+    def upgrade(self, run_sql):
+        """Give 1.3.0's outbox its column `created`."""
+        for statement in self.UPGRADE:
+            run_sql(statement)
 
     def usable(self, _db):
         """Whether a connection that served before may serve again."""
@@ -1141,17 +1147,22 @@ class SQLiteStore(SQLStore):
         " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
         " lease REAL NOT NULL DEFAULT 0, created REAL)"
     )
+    DUE = "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)"
     schema = (
         "PRAGMA journal_mode=WAL",  # readers and a writer at once; kept in the file
         "CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
         " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
         OUTBOX,
-        "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)",
+        DUE,
     )
-    # what /metrics counts, read from this index alone: fast at a million events
-    INDEXES = (
+    # the events a sender claims, read in its order (WebhookSender.CLAIM)
+    CLAIMS = (
+        "CREATE INDEX IF NOT EXISTS plant_events_claims ON plant_events (url, next_at)"
+    )
+    INDEXES = (  # what /metrics counts, read from the first alone: fast at a million
         "CREATE INDEX IF NOT EXISTS plant_events_receivers"
         " ON plant_events (url, attempts, created)",
+        CLAIMS,
     )
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
     outages = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
@@ -1333,7 +1344,9 @@ class WebhookSender:
     means at least one delivery, across crashes and restarts; several workers may
     deliver one event, and receivers deduplicate by webhook-id. With the in-memory store
     the table is in an SQLite database in the memory of the process: best effort, lost
-    with the process, and at most MAX_WAITING_BYTES of them.
+    with the process, and at most MAX_WAITING events and MAX_WAITING_BYTES of bodies;
+    there, what waits is counted as events come and go (IN_MEMORY), so that no create
+    waits on a count of them.
 
     It starts when it is made (see "Background work" above). Its thread claims due
     events, at most PER_URL at once for each receiver, and hands each to a thread that
@@ -1352,7 +1365,7 @@ class WebhookSender:
     # seconds before a retry
     SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
     PROBE_SECONDS, POLL_SECONDS, TIMEOUT, PER_URL = 5, 1, 15, 4
-    MAX_WAITING_BYTES = 32 * 2**20  # the in-memory outbox's bound
+    MAX_WAITING, MAX_WAITING_BYTES = 10000, 32 * 2**20  # the in-memory outbox's bounds
     # an event taken by a sender killed mid-attempt is free after it
     LEASE_SECONDS = TIMEOUT + 2
     # a fork's child sends this long after the fork, or at its first create: a child
@@ -1364,12 +1377,13 @@ class WebhookSender:
         " VALUES (:url, :webhook_id, :body, 0, :created)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the URL's events due by :due, oldest first.
+    # the URL's events due by :due, those due longest first (the oldest of those due
+    # together), read in the order of an index (SQLiteStore.CLAIMS), however many wait.
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"
         " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
-        " ORDER BY seq LIMIT :free)"
+        " ORDER BY next_at, seq LIMIT :free)"
         " RETURNING seq, url, webhook_id, body, attempts, next_at"
     )
     RETRY = (
@@ -1382,7 +1396,29 @@ class WebhookSender:
     )
     DONE = "DELETE FROM plant_events WHERE seq = :seq"
     FORGET = "DELETE FROM plant_events WHERE url = :url"
-    WAITING = "SELECT url, count(*), sum(length(body)) FROM plant_events GROUP BY url"
+    WAITING = "SELECT url, count(*) FROM plant_events GROUP BY url"
+    # The outbox in memory: SQLiteStore's table and indexes, and, per receiver, the
+    # events waiting, those failing and their bytes, kept by triggers as events come and
+    # go, so that neither a create nor /metrics counts them.
+    IN_MEMORY = (
+        SQLiteStore.OUTBOX,
+        SQLiteStore.CLAIMS,
+        "CREATE INDEX plant_events_age ON plant_events (url, created)",
+        "CREATE TABLE receivers (url TEXT PRIMARY KEY, waiting INTEGER NOT NULL,"
+        " failing INTEGER NOT NULL, bytes INTEGER NOT NULL)",
+        "CREATE TRIGGER came AFTER INSERT ON plant_events BEGIN"
+        " INSERT INTO receivers VALUES (NEW.url, 1, 0, length(NEW.body))"
+        " ON CONFLICT (url) DO UPDATE SET waiting = waiting + 1,"
+        " bytes = bytes + excluded.bytes; END",
+        "CREATE TRIGGER went AFTER DELETE ON plant_events BEGIN"
+        " UPDATE receivers SET waiting = waiting - 1,"
+        " failing = failing - (OLD.attempts > 0), bytes = bytes - length(OLD.body)"
+        " WHERE url = OLD.url; END",
+        "CREATE TRIGGER failed AFTER UPDATE OF attempts ON plant_events BEGIN"
+        " UPDATE receivers SET failing = failing + (NEW.attempts > 0)"
+        " - (OLD.attempts > 0) WHERE url = NEW.url; END",
+    )
+    TOTAL = "SELECT total(waiting), total(bytes) FROM receivers"
 
     def __init__(self, urls, secret, store):
         self._key = webhook_secret_key(secret)
@@ -1391,7 +1427,7 @@ class WebhookSender:
         self._store = store if isinstance(store, SQLStore) else None
         if self._store:
             store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
-        self._in_memory, self._dropping, self._closed = 0, False, False
+        self._closed = False
         self._background = Background(
             "plantstore-webhooks",
             self._loop,
@@ -1414,8 +1450,9 @@ class WebhookSender:
             here.memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
             )
-            here.memory.execute(SQLiteStore.OUTBOX)
-            here.lock = threading.Lock()
+            for statement in self.IN_MEMORY:
+                here.memory.execute(statement)
+            here.lock, here.dropping = threading.Lock(), False
         return here
 
     def outbox(self, sql, **parameters):
@@ -1435,21 +1472,30 @@ class WebhookSender:
             return here.memory.execute(sql, parameters).fetchall()
 
     def notify(self, plant_id, name, tag):
-        """After a create: write the event in memory, or wake for the one SQL wrote."""
+        """After a create: write its events in memory, or wake for those SQL wrote."""
         if not (self._store or self._closed):  # closed: its memory is gone
-            body = event_json(plant_id, name, tag)
-            size = len(body) * len(self.urls)  # an event for each URL
-            if self._in_memory + size <= self.MAX_WAITING_BYTES:
-                self._write(self.outbox, body)
-                self._in_memory += size
-                self._dropping = False
-            elif not self._dropping:
-                self._dropping = True
-                _log(
-                    f"webhook events are dropped: {self._in_memory // 2**20} MB of "
-                    "them wait in memory already, until they drain"
-                )
+            self._keep(event_json(plant_id, name, tag))
         self._background.wake()
+
+    def _keep(self, body):
+        """Write an event for each URL in memory, within the bounds; the first refused
+        since the outbox last had room is said once."""
+        here = this_process(self, self._fresh)
+        with here.lock:
+            waiting, size = here.memory.execute(self.TOTAL).fetchone()
+            full = (
+                waiting + len(self.urls) > self.MAX_WAITING
+                or size + len(body) * len(self.urls) > self.MAX_WAITING_BYTES
+            )
+            if not full:
+                self._write(lambda sql, **row: here.memory.execute(sql, row), body)
+            said, here.dropping = here.dropping, full
+        if full and not said:
+            _log(
+                f"webhook events are dropped: {waiting:.0f} events of "
+                f"{size / 2**20:.1f} MB wait in memory already, the most it keeps "
+                f"({self.MAX_WAITING} events, {self.MAX_WAITING_BYTES // 2**20} MB)"
+            )
 
     def close(self):
         """Stop sending, in this process, and free the events of the attempts under
@@ -1478,8 +1524,6 @@ class WebhookSender:
                 self._settle_ended(here)
                 self._claim(here)
                 self._cut_late_attempts(here)
-                if not self._store:  # what waits, counted again: notify() counts up
-                    self._in_memory = sum(row[2] for row in self.outbox(self.WAITING))
             except HTTPError as error:  # the database is away, or busy elsewhere
                 if not here.stalled:  # said once, until it answers again
                     here.stalled = True
@@ -1519,7 +1563,7 @@ class WebhookSender:
 
     def _drop_unconfigured(self):
         """Drop the events of URLs no longer configured, once a process."""
-        for url, count, _ in self.outbox(self.WAITING):
+        for url, count in self.outbox(self.WAITING):
             if url not in self.urls:
                 self.outbox(self.FORGET, url=url)
                 _log(
@@ -1708,6 +1752,11 @@ RECEIVERS = (
     "SELECT url, count(*), count(*) FILTER (WHERE attempts > 0), min(created)"
     " FROM plant_events GROUP BY url"
 )
+# the same from the outbox in memory, whose counts its triggers keep
+RECEIVERS_IN_MEMORY = (
+    "SELECT url, waiting, failing, (SELECT min(created) FROM plant_events"
+    " WHERE url = receivers.url) FROM receivers WHERE waiting > 0"
+)
 METRICS = """\
 # HELP plantstore_info The version of plantstore that answered this scrape.
 # TYPE plantstore_info gauge
@@ -1741,7 +1790,7 @@ def serve_metrics(application, store, sender):
                     lambda run: run(RECEIVERS), wait=HEALTH_WAIT_SECONDS
                 )
             else:
-                rows = sender.outbox(RECEIVERS) if sender else []
+                rows = sender.outbox(RECEIVERS_IN_MEMORY) if sender else []
         except HTTPError:  # the database is away, or did not answer in time
             rows, up = [], 0
         # with no answer, no figures: a receiver's 0 would say that none of its wait
@@ -2346,13 +2395,17 @@ def setting(environ, name):
     if name in environ:
         raise ValueError(f"{name} and {name}_FILE ({path}) are both set: set one")
     try:
-        with open(path, "rb") as file:
-            data = file.read()
+        data = read_setting_file(path)
         if data.startswith(b"SQLite format 3\0"):  # the database, not its address
             problem = f"is an SQLite database: set {name} to its path instead"
+        elif len(data) > SETTING_FILE_BYTES:
+            problem = f"is over {SETTING_FILE_BYTES // 1024} KiB, more than any setting"
         else:
             problem = "is empty" if not data.strip() else None
-            value = re.sub(r"\r?\n\Z", "", data.decode())
+            # utf-8-sig: the byte-order mark Notepad writes first is no part of it
+            value = re.sub(r"\r?\n\Z", "", data.decode("utf-8-sig"))
+    except TimeoutError:
+        problem = f"gave nothing to read within {SETTING_FILE_SECONDS} s"
     except OSError as error:
         problem = f"cannot be read: {error.strerror}"
     except UnicodeDecodeError:
@@ -2360,6 +2413,26 @@ def setting(environ, name):
     if problem:
         raise ValueError(f"{name}_FILE: {path} {problem}")
     return value
+
+
+def read_setting_file(path):
+    """A _FILE setting's first SETTING_FILE_BYTES + 1 bytes, all read within
+    SETTING_FILE_SECONDS: a pipe (bash's <(pass show ...)) as its writer writes it, and
+    a FIFO that no one writes never holds up the start."""
+    deadline = time.monotonic() + SETTING_FILE_SECONDS
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open waits for no writer
+    try:
+        data = b""
+        while len(data) <= SETTING_FILE_BYTES:
+            if not select.select([fd], [], [], max(0, deadline - time.monotonic()))[0]:
+                raise TimeoutError
+            chunk = os.read(fd, SETTING_FILE_BYTES + 1 - len(data))
+            if not chunk:  # its end
+                break
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
 
 
 def tokens_from_environ(environ=os.environ):

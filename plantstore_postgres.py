@@ -55,8 +55,7 @@ class PostgresStore(SQLStore):
     # Workers on several machines start together: CREATE TABLE IF NOT EXISTS alone races
     # in PostgreSQL, so they make the tables one at a time, under a lock. It also asks
     # for CREATE on the schema even when the table exists: a role given the tables must
-    # not try to make them, nor to upgrade them (1.3.0's outbox had no `created`: its
-    # events' age counts from the upgrade).
+    # not try to make them.
     schema = (
         "BEGIN",
         "SELECT pg_advisory_xact_lock(7274)",
@@ -64,12 +63,17 @@ class PostgresStore(SQLStore):
         " CREATE TABLE IF NOT EXISTS plants (seq BIGINT GENERATED ALWAYS AS IDENTITY"
         " PRIMARY KEY, id BIGINT NOT NULL UNIQUE, name BYTEA NOT NULL, tag BYTEA);"
         f" {OUTBOX}; CREATE INDEX plant_events_due ON plant_events (next_at);"
-        " END IF; IF NOT EXISTS (SELECT FROM pg_attribute WHERE attname = 'created'"
-        " AND attrelid = 'plant_events'::regclass) THEN"
-        " ALTER TABLE plant_events ADD COLUMN created DOUBLE PRECISION;"
-        " UPDATE plant_events SET created = extract(epoch FROM now()); END IF; END $$",
+        " END IF; END $$",
         "COMMIT",
     )
+    # 1.3.0's outbox had no `created`: its events' age counts from the upgrade. Only the
+    # table's owner may add a column; workers that add it together wait in turn.
+    ADD_CREATED = (
+        "ALTER TABLE plant_events ADD COLUMN IF NOT EXISTS created DOUBLE PRECISION",
+        "UPDATE plant_events SET created = extract(epoch FROM now())"
+        " WHERE created IS NULL",
+    )
+    UPGRADE = ("BEGIN", "SELECT pg_advisory_xact_lock(7274)", *ADD_CREATED, "COMMIT")
     # libpq's settings unless the URL gives its own: a host that goes silent fails in
     # seconds.
     BOUNDS = {
@@ -176,6 +180,16 @@ class PostgresStore(SQLStore):
                         f"{largest}: "
                         "moved past it"
                     )
+
+    def upgrade(self, run_sql):
+        try:
+            super().upgrade(run_sql)
+        except psycopg.errors.InsufficientPrivilege:  # a role the owner granted them
+            raise ValueError(
+                f"{DB_VARIABLE}: {self.shown}: this version needs the column `created`"
+                " in plant_events, which only the tables' owner may add: as the owner,"
+                f" run once: {'; '.join(self.ADD_CREATED)}"
+            ) from None
 
     def connect(self, deadline):
         # libpq's connect_timeout is whole seconds, 2 at least: kept within the bound
