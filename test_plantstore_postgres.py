@@ -67,6 +67,7 @@ from testbed import (
     processes_in_group,
     read_database,
     read_metrics,
+    plantstore_1_3_0,
     rolled_back_to_1_3_0_and_forward,
     run_plantstore,
     same_backlog_from_every_worker,
@@ -1463,6 +1464,78 @@ def test_settings_a_role_given_the_tables_by_their_owner_starts_and_stores(
     assert store.add(7, "Fern", None) is True and store.add(7, "Fern", None) is False
     assert [(name, tag) for _, name, tag in store.page(None, 10)] == [("Fern", None)]
     assert store.delete(7) is True
+
+
+@pytest.mark.parametrize("tables", ["made by the role", "granted by their owner"])
+def test_an_upgrade_from_1_3_0_starts_for_each_documented_role_setup(
+    tables, limited_role, spawn, tmp_path, receiver
+):
+    """docs/deploy.md's two setups, each served by 1.3.0's own code first: a role that
+    may create the tables (their owner), and one their owner granted them. The first
+    upgrades them at start; the second is refused in one line that gives the owner's
+    SQL, and starts once the owner ran it. Every plant and waiting event is kept, the
+    backlog's age counts, and the events are delivered."""
+    owner, role = limited_role["owner"], limited_role["url"]
+    old = plantstore_1_3_0(tmp_path / "1.3.0")
+    down = free_port()
+    settings = {
+        "PLANTSTORE_WEBHOOK_URL": f"http://127.0.0.1:{down}/plant/webhook",
+        "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+    }
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, **settings)
+    if tables == "made by the role":
+        with psycopg.connect(owner, autocommit=True) as db:
+            db.execute(
+                sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(
+                    sql.Identifier(limited_role["role"])
+                )
+            )
+    else:  # 1.3.0, as the owner, makes the tables; the role is granted them
+        made = spawn(
+            [sys.executable, str(old), "--port", "0"], {**env, "PLANTSTORE_DB": owner}
+        )
+        Lines(made.stderr).until("listening on")
+        stop_service(made)
+        grant_the_tables(limited_role)
+    served = spawn(
+        [sys.executable, str(old), "--port", "0"], {**env, "PLANTSTORE_DB": role}
+    )
+    address = (
+        Lines(served.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    )
+    for plant_id in 1, 2, 3:
+        assert (
+            post_over_http(
+                *address, TOKEN, {"id": plant_id, "name": f"plant {plant_id}"}
+            )[0]
+            == 200
+        )
+    stop_service(served)
+
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=role, **settings)
+    said = "".join(lines)
+    assert limited_role["password"] not in said and "Traceback" not in said
+    if tables == "granted by their owner":
+        assert code == 2 and len(lines) == 1, said
+        assert "only the tables' owner may add" in said
+        statements = said.rpartition("run once: ")[2].strip().split("; ")
+        with psycopg.connect(owner, autocommit=True) as db:
+            for statement in statements:  # exactly what the line says
+                db.execute(statement)
+        code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=role, **settings)
+    assert code is None, "".join(lines)  # it serves
+
+    process, host, port, _ = serve_plantstore(spawn, {**env, "PLANTSTORE_DB": role})
+    assert listed_ids(host, port) == [1, 2, 3]
+    read = read_metrics(scrape(host, port)[3])
+    assert read["plantstore_webhook_events_waiting"] == {f"http://127.0.0.1:{down}": 3}
+    assert (
+        read["plantstore_webhook_oldest_event_age_seconds"][f"http://127.0.0.1:{down}"]
+        > 0
+    )
+    hook = receiver(down)
+    assert sorted(event["id"] for event in hook.wait_for(3)) == [1, 2, 3]
+    stop_service(process)
 
 
 def test_settings_a_libpq_string_reaches_the_database_the_url_does(
