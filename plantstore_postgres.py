@@ -3,7 +3,7 @@
 plantstore.py runs on the standard library alone; this module, beside it, holds what
 needs psycopg, and plantstore imports it only when PLANTSTORE_DB names PostgreSQL.
 `pip install '.[postgres]'` in its folder installs both. The SQL itself is SQLStore's,
-written once in plantstore.py; here are PostgreSQL's differences: connecting through
+written once in plantstore.py; state are PostgreSQL's differences: connecting through
 libpq with bounds on every wait, its DDL, a batch in one statement, and a watchdog
 that cuts a statement at its request's deadline.
 """
@@ -86,11 +86,11 @@ class PostgresStore(SQLStore):
     }
 
     def __init__(self, conninfo):
-        self.parameters, shown = postgres_settings(conninfo)
+        self.parameters, name = postgres_settings(conninfo)
         self._watchdog = Background(
             "plantstore-watchdog", self._watch, stops_for_fork=False
         )
-        super().__init__(shown)
+        super().__init__(name)
         # away, or taking no writes (a standby, a demoted primary: SQLSTATE 25006)
         self.outages = (
             psycopg.OperationalError,
@@ -101,7 +101,7 @@ class PostgresStore(SQLStore):
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
             raise ValueError(
-                f"{DB_VARIABLE}: {shown}: {error.diag.message_primary}: the "
+                f"{DB_VARIABLE}: {name}: {error.diag.message_primary}: the "
                 "role needs CREATE on the schema to make plantstore's tables or, "
                 "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
                 "them"
@@ -114,7 +114,7 @@ class PostgresStore(SQLStore):
             )
             if option:  # named, never quoted: the value may be a password's neighbour
                 raise ValueError(
-                    f"{DB_VARIABLE}: {shown}: libpq refuses the value of its "
+                    f"{DB_VARIABLE}: {name}: libpq refuses the value of its "
                     f"option {next(filter(None, option.groups()))}"
                 ) from None
             if not isinstance(error, self.outages):
@@ -167,7 +167,7 @@ class PostgresStore(SQLStore):
         for name, not_null, unique in run_sql(self.COLUMNS).fetchall():
             if not not_null or name != "name" and not unique:
                 raise ValueError(
-                    f"the {self.shown} has a 'plants' table that plantstore did not "
+                    f"the {self.name} has a 'plants' table that plantstore did not "
                     f"make: its {name} column may hold "
                     + ("NULL" if not not_null else "duplicates")
                 )
@@ -186,7 +186,7 @@ class PostgresStore(SQLStore):
             super().upgrade(run_sql)
         except psycopg.errors.InsufficientPrivilege:  # a role the owner granted them
             raise ValueError(
-                f"{DB_VARIABLE}: {self.shown}: this version needs the column `created`"
+                f"{DB_VARIABLE}: {self.name}: this version needs the column `created`"
                 " in plant_events, which only the tables' owner may add: as the owner,"
                 f" run once: {'; '.join(self.ADD_CREATED)}"
             ) from None
@@ -200,9 +200,9 @@ class PostgresStore(SQLStore):
         )
 
     def execute(self, db, sql, parameters, deadline):
-        here = self._here()
-        with here.lock:  # the watchdog sees each statement, with its deadline
-            here.busy[db] = deadline
+        state = self._state()
+        with state.lock:  # the watchdog sees each statement, with its deadline
+            state.busy[db] = deadline
             self._watchdog.start()
         try:
             # psycopg reads no placeholder then: '::' and '%' stay as they are
@@ -210,16 +210,16 @@ class PostgresStore(SQLStore):
                 return db.execute(sql)
             return db.execute(_pyformat(sql), parameters)
         finally:
-            with here.lock:
-                del here.busy[db]
+            with state.lock:
+                del state.busy[db]
 
     def _watch(self):
         """Shut the connection of each statement past its deadline: a 503 answers."""
-        while self._watchdog.pause(0.25):
-            here = self._here()
+        while self._watchdog.go_on_after(0.25):
+            state = self._state()
             # held, so that no statement ends, and its socket closes, meanwhile
-            with here.lock:
-                for db, deadline in here.busy.items():
+            with state.lock:
+                for db, deadline in state.busy.items():
                     if deadline < time.monotonic():
                         with (
                             contextlib.suppress(OSError),
