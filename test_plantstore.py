@@ -29,8 +29,6 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from wsgiref.util import setup_testing_defaults
-from wsgiref.validate import validator
 
 import hypothesis
 import openapi_spec_validator
@@ -44,7 +42,6 @@ from prometheus_client.parser import text_string_to_metric_families
 import plantstore
 from plantstore_postgres import PostgresStore
 from plantstore import (
-    JSON_TYPE,
     INT64_MAX,
     INT64_MIN,
     MAX_BODY_BYTES,
@@ -55,27 +52,48 @@ from plantstore import (
 )
 from testbed import (
     AUTH,
+    BAD_AUTH,
+    BrokenStore,
     Creates,
+    FailingInput,
     HERE,
+    HTTP_METHODS,
+    KEPT_IDS,
     Lines,
+    OTHER_TOKEN,
+    OUTAGE_BACK_BOUND,
+    OUTAGE_CREATE_BOUND,
+    OUTAGE_HEALTH_BOUND,
+    REPLACED_IDS,
     SECRET,
     SECRET_SPELLINGS,
+    SQLITE_FILE_HOLDER,
+    SQLITE_LOCKER,
+    STATUSES_RAISED,
     TOKEN,
     WAIT,
+    answered_ids,
     assert_error,
     assert_secret_kept,
     assert_unavailable,
+    body_of_size,
+    call,
+    call_case,
     cluster_pids,
+    doc_table,
+    doc_text,
     environ_without_tokens,
-    first_retry_after,
     exchange,
+    first_retry_after,
+    follow_pages,
     free_port,
     granian_command,
     granian_recipe,
     in_threads,
     listed_ids,
     make_read_only,
-    next_link,
+    mounted_at_api,
+    operations_of,
     over_http,
     plantstore_1_3_0,
     post,
@@ -83,32 +101,31 @@ from testbed import (
     processes_in_group,
     prometheus_binary,
     prometheus_query,
+    raw_request,
     read_database,
     read_metrics,
+    read_raw,
+    read_status,
     rolled_back_to_1_3_0_and_forward,
     run_plantstore,
     same_backlog_from_every_worker,
     scrape,
     serve_batches,
     serve_plantstore,
+    sqlite_held,
     start_a_server,
     start_granian,
     start_gunicorn,
     start_nginx,
     start_prometheus,
     stop_service,
+    stored,
     stored_plants,
-    wait_listening,
+    timed_exchange,
     wait_apps_built,
+    wait_listening,
     wait_until,
 )
-
-OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
-
-
-@pytest.fixture
-def store():
-    return PlantStore()
 
 
 @pytest.fixture
@@ -116,48 +133,6 @@ def app(store):
     """A fresh application in WebTest, lint on: anything written to wsgi.errors fails
     the test."""
     return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
-
-
-def stored(store):
-    """What an in-memory store holds, by id: (name, tag)."""
-    plants = {seq: (name, tag) for seq, name, tag in store.page(None, INT64_MAX)}
-    return {plant_id: plants[seq] for plant_id, seq in store._seq.items()}
-
-
-def call(
-    application, *, method="POST", path="/plants", body=b"", environ=None, validate=True
-):
-    """Call a WSGI application directly, under wsgiref's validator; return (status,
-    headers, body)."""
-    env = {
-        "REQUEST_METHOD": method,
-        "SCRIPT_NAME": "",
-        "PATH_INFO": path,
-        "QUERY_STRING": "",
-        "wsgi.input": io.BytesIO(body),
-        "CONTENT_LENGTH": str(len(body)),
-        "CONTENT_TYPE": "application/json",
-        "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
-    }
-    env.update(environ or {})
-    # None: leave the key out
-    env = {key: value for key, value in env.items() if value is not None}
-    setup_testing_defaults(env)
-    started = []
-    chunks = (validator(application) if validate else application)(
-        env, lambda status, headers, _exc_info=None: started.append((status, headers))
-    )
-    try:
-        data = b"".join(chunks)
-    finally:
-        getattr(chunks, "close", lambda: None)()
-    status, headers = started[0]
-    headers = dict(headers)
-    # on every answer, made anew unless the client sent one (tested on its own)
-    assert re.fullmatch("[A-Za-z0-9._-]{1,64}", headers.pop("X-Request-ID"))
-    if data and headers.get("Content-Type") != JSON_TYPE:  # /metrics: text
-        return int(status.split()[0]), headers, data.decode()
-    return int(status.split()[0]), headers, json.loads(data) if data else None
 
 
 # ---- Creating a plant ----
@@ -448,17 +423,6 @@ def test_metrics_cost_one_query_of_the_outbox_and_none_of_the_plants(tmp_path):
     assert ran[0].startswith("SELECT ")
 
 
-SQLITE_FILE_HOLDER = (  # python -c SQLITE_FILE_HOLDER FILE SECONDS: from readers too
-    "import sqlite3, sys, time\n"
-    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-    "db.execute('PRAGMA locking_mode=EXCLUSIVE')\n"
-    "db.execute('BEGIN EXCLUSIVE')\n"
-    "db.execute('DELETE FROM plants WHERE id = -1')\n"
-    "print('locked', flush=True)\n"
-    "time.sleep(float(sys.argv[2]))\n"
-)
-
-
 @pytest.mark.parametrize("held", ["a-write-transaction", "the-file-from-readers-too"])
 def test_metrics_sqlite_held_by_another_process_answer_200_within_2_5_s(
     held, spawn, tmp_path
@@ -697,9 +661,6 @@ def test_unknown_path_is_404_before_auth(app, path):
     assert "WWW-Authenticate" not in response.headers
 
 
-HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
-
-
 # Each route's Allow is in docs/http.md's table, which a test holds to the app; this
 # test holds to the rule, whatever the routes: a 405 sends the Allow OPTIONS sends.
 @pytest.mark.parametrize(
@@ -920,35 +881,6 @@ def test_mounted_behind_a_dispatcher(store):
 
 # ---- Authentication ----
 
-BAD_AUTH = [
-    pytest.param({}, None, id="no-header"),
-    pytest.param({"Authorization": "Basic dXNlcjpwYXNz"}, None, id="basic"),
-    pytest.param({"Authorization": TOKEN}, None, id="bare-token"),
-    pytest.param({"Authorization": "Bearer"}, None, id="bearer-nothing"),
-    pytest.param({"Authorization": "Bearer    "}, None, id="bearer-spaces"),
-    pytest.param({"Authorization": ""}, None, id="empty-header"),
-    pytest.param({"Authorization": "Bearer nope"}, "invalid_token", id="wrong-token"),
-    pytest.param(
-        {"Authorization": f"Bearer {TOKEN}x"},
-        "invalid_token",
-        id="token-prefix-of-sent",
-    ),
-    pytest.param(
-        {"Authorization": f"Bearer {TOKEN[:-1]}"}, "invalid_token", id="token-truncated"
-    ),
-    pytest.param(
-        {"Authorization": f"Bearer {TOKEN.upper()}"},
-        "invalid_token",
-        id="token-case-changed",
-    ),
-    pytest.param(
-        {"Authorization": f"Bearer {TOKEN} {TOKEN}"}, "invalid_token", id="token-twice"
-    ),
-    pytest.param(
-        {"Authorization": "Bearer t\u00e9st"}, "invalid_token", id="latin-1-token"
-    ),
-]
-
 
 @pytest.mark.parametrize("headers, error", BAD_AUTH)
 def test_bad_credentials_are_401_with_challenge(app, store, headers, error):
@@ -1104,20 +1036,14 @@ def test_no_content_length_means_an_empty_body(value):
     }
 
 
-def _body_of_size(size, plant_id=1):
-    """A valid NewPlant of exactly `size` bytes, padded with JSON whitespace."""
-    document = json.dumps({"id": plant_id, "name": "Fern"}).encode()
-    return document + b" " * (size - len(document))
-
-
 def test_body_at_the_limit_is_accepted(app, store):
-    post(app, _body_of_size(MAX_BODY_BYTES), 200)
+    post(app, body_of_size(MAX_BODY_BYTES), 200)
     assert stored(store).get(1) == ("Fern", None)
 
 
 def test_body_one_byte_over_the_limit_is_413(app, store):
     assert_error(
-        post(app, _body_of_size(MAX_BODY_BYTES + 1), 413), 413, str(MAX_BODY_BYTES)
+        post(app, body_of_size(MAX_BODY_BYTES + 1), 413), 413, str(MAX_BODY_BYTES)
     )
     assert len(stored(store)) == 0
 
@@ -1125,8 +1051,8 @@ def test_body_one_byte_over_the_limit_is_413(app, store):
 @pytest.mark.parametrize("limit", [30, 1000, 1_000_000])
 def test_configured_limit(limit):
     application = make_app([TOKEN], max_body_bytes=limit)
-    assert call(application, body=_body_of_size(limit))[0] == 200
-    assert call(application, body=_body_of_size(limit + 1, plant_id=2))[0] == 413
+    assert call(application, body=body_of_size(limit))[0] == 200
+    assert call(application, body=body_of_size(limit + 1, plant_id=2))[0] == 413
 
 
 def test_a_zero_limit_refuses_every_body():
@@ -1177,18 +1103,6 @@ def test_body_shorter_than_content_length_is_400():
     assert status == 400 and "shorter" in body["message"]
 
 
-class FailingInput(io.BytesIO):
-    """A wsgi.input whose read() raises, as a server's stream does on a stall or a
-    broken chunk."""
-
-    def __init__(self, error):
-        super().__init__()
-        self.error = error
-
-    def read(self, *_args):
-        raise self.error
-
-
 class ChunkParseError(Exception):
     """Like gunicorn's parse errors for a malformed chunked body: not an OSError."""
 
@@ -1224,7 +1138,7 @@ def test_a_body_the_server_cannot_read_is_4xx_not_500(error, status):
 def test_chunked_body_is_read_up_to_one_byte_past_the_limit(size, status):
     """Without CONTENT_LENGTH, a server that sets wsgi.input_terminated (gunicorn) lets
     the app read to EOF."""
-    stream = io.BytesIO(_body_of_size(size))
+    stream = io.BytesIO(body_of_size(size))
     got, _, body = call(
         make_app([TOKEN]),
         environ={
@@ -1613,13 +1527,6 @@ def test_checks_run_in_the_contract_order(app, request_kwargs, status):
 # ---- Failures of the server's own making ----
 
 
-class BrokenStore:
-    def add(self, *_args):
-        raise RuntimeError("the disk is on fire")
-
-    list = delete = add
-
-
 def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
     errors = io.StringIO()
     status, headers, body = call(
@@ -1742,38 +1649,6 @@ def test_the_readme_store_example_works_as_pasted():
 # Every answer the application makes carries an X-Request-ID: the client's own when it
 # matches [A-Za-z0-9._-]{1,64} (safe to echo and to log), else 16 hex digits made anew;
 # a 500 names it in its log line, above the traceback.
-
-KEPT_IDS = {
-    "one character": "a",
-    "a uuid": "0f8fad5b-d9cb-469f-a165-70867728950e",
-    "dots and underscores": "req.42_Retry-2",
-    "64 characters": "A" * 64,
-    "nginx's": "5e1f3b2a9c8d7e6f5a4b3c2d1e0f9a8b",
-}
-REPLACED_IDS = {  # None: no X-Request-ID sent
-    "absent": None,
-    "empty": "",
-    "65 characters": "A" * 65,
-    "a space": "two words",
-    "a slash": "a/b",
-    "a quote": 'a"b',
-    "a colon": "a:b",
-    "a line break": "a\nb",
-    "not ASCII": "caf\xe9",  # as a WSGI server hands a header on: latin-1
-}
-
-
-def answered_ids(application, answered):
-    """application, recording in `answered` each X-Request-ID header it answers."""
-
-    def recorded(environ, start_response):
-        def start(status, headers, exc_info=None):
-            answered.extend(v for k, v in headers if k.lower() == "x-request-id")
-            return start_response(status, headers, exc_info)
-
-        return application(environ, start)
-
-    return recorded
 
 
 def answer_of(case, tmp_path, request_id):
@@ -1915,19 +1790,6 @@ def test_stored_plants_give_the_garbage_collector_a_few_objects_per_chunk(store)
 
 
 # ---- Reading back and deleting, on both stores ----
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def any_store(request, tmp_path):
-    """Each store, held to the same behaviour: the in-memory one, SQLite and
-    PostgreSQL."""
-    if request.param == "postgres":
-        return PostgresStore(request.getfixturevalue("pg_url"))
-    return (
-        PlantStore()
-        if request.param == "memory"
-        else SQLiteStore(tmp_path / "plants.sqlite3")
-    )
 
 
 @pytest.fixture
@@ -2130,18 +1992,6 @@ def test_read_and_delete_need_the_token(any_app, method, path, headers, error):
 
 
 # ---- Pages, and the whole listing streamed ----
-
-
-def follow_pages(application, first, meanwhile=lambda _page_number: None):
-    """GET first, then every next link; return the names seen, in order, and how many
-    pages."""
-    names, url, pages = [], first, 0
-    while url:
-        response = application.get(url, headers=AUTH, status=200)
-        names += [plant["name"] for plant in response.json]
-        url, pages = next_link(response), pages + 1
-        meanwhile(pages)
-    return names, pages
 
 
 def test_next_links_visit_every_plant_once_oldest_first(any_store):
@@ -2634,37 +2484,7 @@ def test_sqlite_names_a_directory_it_cannot_write(tmp_path):
 # request may also wait for a thread, which answering 503 at once keeps short.
 OUTAGE_CLIENTS = 32  # creates sent at once to each server: 4 per thread of -w 2 -t 4
 OUTAGE_HEALTH_AT = 6  # seconds into the outage, a GET /health
-OUTAGE_CREATE_BOUND = 7  # seconds: DB_WAIT_SECONDS, and 2 for a thread
-OUTAGE_HEALTH_BOUND = 2.5  # seconds: HEALTH_WAIT_SECONDS, and 0.5 for a thread
-OUTAGE_BACK_BOUND = 3  # seconds from the database's return to a create answered 200
 SQLITE_LOCK_SECONDS = 15  # a migration's exclusive transaction, as issue 38 has it
-SQLITE_LOCKER = (  # python -c SQLITE_LOCKER FILE SECONDS: another process's transaction
-    "import sqlite3, sys, time\n"
-    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-    "db.execute('BEGIN EXCLUSIVE')\n"
-    "print('locked', flush=True)\n"
-    "time.sleep(float(sys.argv[2]))\n"
-    "db.execute('ROLLBACK')\n"
-)
-
-
-@contextlib.contextmanager
-def sqlite_held(path, holder):
-    """The SQLite file at path held by another process while the block runs: `holder`
-    is SQLITE_LOCKER (a write transaction) or SQLITE_FILE_HOLDER (from readers too)."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", holder, str(path), str(WAIT)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout.readline() == "locked\n"
-        yield
-    finally:
-        process.kill()
-        process.wait()
-        process.stdout.close()
 
 
 def serve_for_an_outage(spawn, server, db, first_id):
@@ -2688,17 +2508,6 @@ def serve_for_an_outage(spawn, server, db, first_id):
     )
     assert warm == [200] * 16
     return (host, port), err
-
-
-def timed_exchange(address, method, path, document=None):
-    """(seconds from sending to the whole answer, status, headers, body); the status
-    is the error's repr when no whole HTTP answer came."""
-    sent = time.monotonic()
-    try:
-        answer = exchange(*address, method, path, document)
-    except (OSError, http.client.HTTPException, ValueError) as error:
-        answer = repr(error), {}, None
-    return time.monotonic() - sent, *answer
 
 
 def first_200_after(address, back, first_id):
@@ -3181,28 +2990,6 @@ def test_group_commit_kill_9_mid_burst_loses_no_plant_answered_200_nor_its_event
 # ---- Webhooks: a receiver on loopback verifies each with the reference library ----
 
 
-@pytest.fixture
-def webhook_app(monkeypatch):
-    """make_app with webhooks, on a schedule short enough for a test; its sender is
-    always closed."""
-    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
-    monkeypatch.setattr(plantstore.WebhookSender, "PROBE_SECONDS", 0.3)
-    monkeypatch.setattr(plantstore.WebhookSender, "POLL_SECONDS", 0.05)
-    apps = []
-
-    def build(store, *urls, secret=SECRET):
-        apps.append(
-            make_app(
-                [TOKEN], store=store, webhook_urls=list(urls), webhook_secret=secret
-            )
-        )
-        return webtest.TestApp(apps[-1])
-
-    yield build
-    for application in apps:
-        application.webhook_sender.close()
-
-
 def test_each_create_is_delivered_signed_and_a_409_is_not(
     any_store, webhook_app, receiver
 ):
@@ -3586,9 +3373,6 @@ def test_kill_9_between_creates_and_their_delivery_loses_no_event(
 
 
 # ---- Promises at the edges (issue 29) ----
-
-# raised, answered
-STATUSES_RAISED = [(499, 499), (600, 500), ("503", 500), (100, 500), (102, 500)]
 
 
 class RaisingStore:
@@ -4870,7 +4654,7 @@ def test_openapi_document_is_served_without_a_token_and_is_valid(app):
     # route says
     served = json.loads(response.text)
     # the paths' operations; the webhook is last
-    for _, _, operation in operations(served)[:-1]:
+    for _, _, operation in operations_of(served)[:-1]:
         operation.pop("operationId")
         assert operation.pop("security", []) == []
     assert served == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
@@ -5049,23 +4833,6 @@ STATUS_CASES = [
 ]
 
 
-def call_case(arguments, tmp_path):
-    """call() with one case's arguments, and its store made as the case says."""
-    arguments = dict(arguments)
-    given = arguments.pop("store", None)
-    store = BrokenStore() if given == "broken" else PlantStore()
-    if given == "away":  # an SQLite file deleted under the running service
-        store = SQLiteStore(tmp_path / "plants.sqlite3")
-        os.remove(tmp_path / "plants.sqlite3")
-    if given == "taken":
-        store.add(1, "Taken", None)
-    arguments["environ"] = {
-        **arguments.get("environ", {}),
-        "wsgi.errors": io.StringIO(),
-    }
-    return call(make_app([TOKEN], store=store), **arguments)
-
-
 @pytest.mark.parametrize(
     "operation, arguments, status, header",
     STATUS_CASES,
@@ -5106,21 +4873,10 @@ def test_the_document_lists_no_status_an_operation_never_sends():
 # OPTIONS used to cover.
 
 
-def operations(document):
-    """Each (METHOD, path, operation) of a document's paths and webhooks."""
-    return [
-        (method.upper(), path, operation)
-        for items in (document["paths"], document["webhooks"])
-        for path, item in items.items()
-        for method, operation in item.items()
-        if method != "parameters"  # the path's own
-    ]
-
-
 def test_every_operation_has_a_stable_operation_id_a_summary_and_a_tag(app):
     document = app.get("/openapi.json", status=200).json
     tags = {tag["name"] for tag in document["tags"]}
-    for method, path, operation in operations(document):
+    for method, path, operation in operations_of(document):
         assert method not in ("HEAD", "OPTIONS"), f"{method} {path} is no operation"
         assert re.fullmatch(r"[a-z]+(?:[A-Z][a-z]*)*", operation["operationId"]), (
             method,
@@ -5131,7 +4887,7 @@ def test_every_operation_has_a_stable_operation_id_a_summary_and_a_tag(app):
             path,
         )
         assert operation["tags"] and set(operation["tags"]) <= tags, (method, path)
-    ids = [operation["operationId"] for _, _, operation in operations(document)]
+    ids = [operation["operationId"] for _, _, operation in operations_of(document)]
     assert len(ids) == len(set(ids))  # each one pinned by docs/http.md's table
 
 
@@ -5147,7 +4903,7 @@ def test_the_routes_served_and_the_document_agree(app, store):
     for path in document["paths"]:
         url = path.replace("{id}", "1")
         allow = app.options(url, status=204).headers["Allow"].split(", ")
-        listed = {method for method, at, _ in operations(document) if at == path}
+        listed = {method for method, at, _ in operations_of(document) if at == path}
         assert set(allow) - {"HEAD", "OPTIONS"} == listed, path
         for method in (
             "GET",
@@ -5197,21 +4953,6 @@ def test_schemathesis_finds_no_failure(case):
     """Every check, positive and negative data, a fixed seed, in process against the
     served document."""
     case.call_and_validate()
-
-
-def mounted_at_api(application):
-    """A parent WSGI app that mounts application at /api, as a real stack would."""
-    from wsgiref.util import shift_path_info
-
-    def parent(environ, start_response):
-        if shift_path_info(environ) == "api":
-            return application(environ, start_response)
-        start_response(
-            "404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")]
-        )
-        return [b""]
-
-    return parent
 
 
 MOUNTED_SCHEMA = schemathesis.openapi.from_wsgi(
@@ -5275,32 +5016,6 @@ def http_post(server, document, headers=None, path="/plants"):
         return response.status, dict(response.getheaders()), json.loads(response.read())
     finally:
         connection.close()
-
-
-def raw_request(document, *, content_length=None, token=TOKEN):
-    body = (
-        json.dumps(document).encode() if not isinstance(document, bytes) else document
-    )
-    length = len(body) if content_length is None else content_length
-    head = (
-        f"POST /plants HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-def read_raw(sock):
-    """Read until the server closes the connection."""
-    data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
-    return data
-
-
-def read_status(sock):
-    """Read a whole HTTP response from sock and return (status, body)."""
-    head, _, body = read_raw(sock).partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
 
 
 def test_embedded_server_creates_a_plant(served, store):
@@ -5452,7 +5167,7 @@ def test_the_embedded_server_answers_a_chunked_body_411_not_empty(served, store)
 
 def test_an_oversized_body_gets_its_413_not_a_reset(served):
     server = served()
-    body = _body_of_size(4 * MAX_BODY_BYTES)
+    body = body_of_size(4 * MAX_BODY_BYTES)
     with socket.create_connection(server.server_address, timeout=WAIT) as sock:
         sock.sendall(raw_request(body))
         status, answer = read_status(sock)
@@ -6836,7 +6551,7 @@ def test_nginx_refuses_an_oversized_body_with_its_own_413_in_json(nginx_in_front
         "error": 413,
         "message": "request body is larger than 65536 bytes (the proxy)",
     }
-    at_the_limit = _body_of_size(MAX_BODY_BYTES).decode()
+    at_the_limit = body_of_size(MAX_BODY_BYTES).decode()
     status, _, body = exchange(
         "127.0.0.1", nginx_in_front.port, "POST", "/plants", json.loads(at_the_limit)
     )
@@ -7070,7 +6785,7 @@ def dechunk(data):
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_granian_answers_an_oversized_body_413(granian, framing):
     port = granian().port
-    body = _body_of_size(MAX_BODY_BYTES + 1)
+    body = body_of_size(MAX_BODY_BYTES + 1)
     status, _, answer = granian_exchange(
         port,
         raw_request(body) if framing == "content-length" else chunked_request(body),
@@ -7355,11 +7070,6 @@ def test_granian_behind_nginx_is_not_held_up_by_stalled_bodies(nginx_before_gran
 # signature, or --help) the same thing, so that a stale line fails, named by file:line.
 
 
-def doc_text(name):
-    """A Markdown file of the repository (README.md, docs/...)."""
-    return (HERE / name).read_text()
-
-
 def every_doc():
     """README.md and each file of docs/, by their names in the repository."""
     docs = sorted(f"docs/{path.name}" for path in (HERE / "docs").glob("*.md"))
@@ -7381,22 +7091,6 @@ def doc_find(name, pattern):
     found = doc_matches(name, pattern)
     assert found, f"{name} no longer says anything like {pattern!r}: update this test"
     return found[0]
-
-
-def doc_table(name, above):
-    """The rows of the table that starts at, or below, the first line holding `above`:
-    each (name:line, cells)."""
-    lines = doc_text(name).splitlines()
-    start = [n for n, line in enumerate(lines) if above in line]
-    assert start, f"{name} has no line {above!r} any more: update this test"
-    rows = []
-    for number, line in enumerate(lines[start[0] :], start[0] + 1):
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in line[1:-1].split("|")]
-            rows.append((f"{name}:{number}", cells))
-        elif rows:
-            break
-    return rows[2:]  # past the header and its |---| line
 
 
 def served_document():
@@ -7466,7 +7160,7 @@ def python_function(operation):
 def test_generated_clients_md_names_functions_as_the_generator_does():
     functions = {
         operation["operationId"]: python_function(operation)
-        for _, _, operation in operations(served_document())
+        for _, _, operation in operations_of(served_document())
     }
     examples = doc_matches("docs/generated-clients.md", r"`(\w+)` is `(api\.[\w.]+)`")
     assert examples, "docs/generated-clients.md no longer says how functions are named"
@@ -7479,7 +7173,7 @@ def test_readme_and_the_example_name_functions_a_generated_client_has():
     document = served_document()
     functions = {
         python_function(operation)
-        for _, path, operation in operations(document)
+        for _, path, operation in operations_of(document)
         if path in document["paths"]
     }  # no webhook
     where, said = doc_find("README.md", r"named after the operationIds \(([^)]*)\)")
