@@ -20,11 +20,7 @@ import webtest
 from prometheus_client.parser import text_string_to_metric_families
 
 import plantstore
-from plantstore import (
-    PlantStore,
-    SQLiteStore,
-    make_app,
-)
+from plantstore import PlantStore, SQLiteStore, make_app
 from testbed import (
     AUTH,
     HERE,

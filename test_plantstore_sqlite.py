@@ -29,11 +29,7 @@ import pytest
 import webtest
 
 from plantstore_postgres import PostgresStore
-from plantstore import (
-    MAX_BODY_BYTES,
-    SQLiteStore,
-    make_app,
-)
+from plantstore import MAX_BODY_BYTES, SQLiteStore, make_app
 from testbed import (
     AUTH,
     Creates,

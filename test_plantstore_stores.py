@@ -8,20 +8,8 @@ core's answers on the in-memory store alone is test_plantstore.py's."""
 import pytest
 import webtest
 
-from plantstore import (
-    INT64_MAX,
-    INT64_MIN,
-    make_app,
-)
-from testbed import (
-    AUTH,
-    BAD_AUTH,
-    TOKEN,
-    assert_error,
-    follow_pages,
-    in_threads,
-    post,
-)
+from plantstore import INT64_MAX, INT64_MIN, make_app
+from testbed import AUTH, BAD_AUTH, TOKEN, assert_error, follow_pages, in_threads, post
 
 
 @pytest.fixture

@@ -32,10 +32,7 @@ import webtest
 
 import plantstore
 from plantstore_postgres import PostgresStore
-from plantstore import (
-    SQLiteStore,
-    make_app,
-)
+from plantstore import SQLiteStore, make_app
 from testbed import (
     AUTH,
     HERE,
