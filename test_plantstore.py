@@ -26,10 +26,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import hypothesis
-import openapi_spec_validator
 import pytest
-import schemathesis
 import webtest
 
 import plantstore
@@ -243,9 +240,7 @@ def test_unknown_path_is_404_before_auth(app, path):
 
 # Each route's Allow is in docs/http.md's table, which a test holds to the app; this
 # test holds to the rule, whatever the routes: a 405 sends the Allow OPTIONS sends.
-@pytest.mark.parametrize(
-    "path", ["/plants", "/plants/1", "/plants/abc", "/openapi.json", "/health"]
-)
+@pytest.mark.parametrize("path", ["/plants", "/plants/1", "/plants/abc", "/health"])
 def test_other_methods_are_405_with_allow_before_auth(app, path):
     # /plants/abc is no plant's path (OPTIONS answers 400), but a 405 comes first
     allow = app.options(path.replace("abc", "1"), status=204).headers["Allow"]
@@ -275,7 +270,6 @@ def test_a_route_declared_beside_plants_id_is_found_as_it_is(app):
     [
         ("/plants?limit=5", AUTH, 200),
         ("/plants", AUTH, 200),
-        ("/openapi.json", {}, 200),
         ("/plants", {}, 401),
         ("/nope", AUTH, 404),
         ("/plants?limit=x", AUTH, 400),
@@ -283,7 +277,6 @@ def test_a_route_declared_beside_plants_id_is_found_as_it_is(app):
     ids=[
         "page",
         "streamed-listing",
-        "document",
         "no-token",
         "unknown-path",
         "bad-limit",
@@ -315,7 +308,7 @@ def test_head_on_a_route_without_get_is_405_with_its_allow():
     assert (status, headers["Allow"], body) == (405, "DELETE, OPTIONS", None)
 
 
-@pytest.mark.parametrize("path", ["/plants", "/plants/7", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/plants", "/plants/7"])
 def test_options_answers_204_with_allow_without_a_token(app, path):
     response = app.options(path, status=204)
     assert response.headers["Allow"] and response.body == b""
@@ -335,19 +328,6 @@ def test_a_chunked_body_the_server_does_not_frame_is_411():
     assert (
         status == 411 and body["error"] == 411 and "Content-Length" in body["message"]
     )
-
-
-@pytest.mark.parametrize(
-    "script_name, url",
-    [("", "/"), ("/api", "/api"), ("/plant store", "/plant%20store")],
-)
-def test_the_documents_servers_say_where_the_app_is_mounted(store, script_name, url):
-    document = (
-        webtest.TestApp(make_app([TOKEN], store=store))
-        .get("/openapi.json", extra_environ={"SCRIPT_NAME": script_name}, status=200)
-        .json
-    )
-    assert document["servers"] == [{"url": url}]
 
 
 def test_mounted_under_a_prefix_answers_as_at_the_root(store):
@@ -1462,19 +1442,6 @@ def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, recei
     )
 
 
-# ---- Webhooks: a receiver on loopback verifies each with the reference library ----
-
-
-def test_the_document_has_the_samples_webhook(app):
-    webhook = app.get("/openapi.json", status=200).json["webhooks"]["/plant/webhook"][
-        "post"
-    ]
-    assert webhook["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/NewPlant"
-    }
-    assert webhook["responses"]["200"]["description"].startswith("Return a 200 status")
-
-
 # ---- Promises at the edges (issue 29) ----
 
 
@@ -1600,333 +1567,8 @@ def test_edges_any_status_a_store_raises_is_a_final_answer_under_a_real_server(
 # ---- The OpenAPI document, and schemathesis against it ----
 
 
-def test_openapi_document_is_served_without_a_token_and_is_valid(app):
-    response = app.get("/openapi.json", status=200)
-    assert response.content_type == "application/json"
-    # OPENAPI as written, but for each operation's operationId and security, which its
-    # route says
-    served = json.loads(response.text)
-    # the paths' operations; the webhook is last
-    for _, _, operation in operations_of(served)[:-1]:
-        operation.pop("operationId")
-        assert operation.pop("security", []) == []
-    assert served == {"servers": [{"url": "/"}], **plantstore.OPENAPI}
-    # raises unless it is valid OpenAPI 3.1
-    openapi_spec_validator.validate(response.json)
-    assert response.json["openapi"] == "3.1.0"
-    info = response.json["info"]
-    assert {key: info[key] for key in ("title", "version", "license")} == {
-        "title": "Plant Store",
-        "version": "1.0.0",
-        "license": {"name": "MIT", "identifier": "MIT"},
-    }
-    assert info["description"].strip()
-    assert response.json["security"] == [{"bearerAuth": []}]
-    assert response.json["components"]["securitySchemes"] == {
-        "bearerAuth": {"type": "http", "scheme": "bearer"}
-    }
-
-
-def test_openapi_document_keeps_the_specification_schemas():
-    schemas = plantstore.OPENAPI["components"]["schemas"]
-    assert schemas["Plant"]["required"] == ["name"]
-    assert {k: v["type"] for k, v in schemas["Plant"]["properties"].items()} == {
-        "name": "string",
-        "tag": "string",
-    }
-    assert schemas["NewPlant"]["allOf"][0] == {"$ref": "#/components/schemas/Plant"}
-    assert schemas["NewPlant"]["allOf"][1]["required"] == ["id"]
-    assert schemas["NewPlant"]["allOf"][1]["properties"]["id"] == {
-        "description": "Identification number of the plant",
-        "type": "integer",
-        "format": "int64",
-    }
-    assert schemas["Error"] == {
-        "type": "object",
-        "required": ["error", "message"],
-        "properties": {
-            "error": {"type": "integer", "format": "int32"},
-            "message": {"type": "string"},
-        },
-    }
-
-
-def documented(method, path, status):
-    """The document's answer for that status of that operation, with a component
-    reference followed."""
-    answer = plantstore.OPENAPI["paths"][path][method.lower()]["responses"].get(
-        str(status)
-    )
-    if answer and "$ref" in answer:
-        answer = plantstore.OPENAPI["components"]["responses"][
-            answer["$ref"].rsplit("/", 1)[1]
-        ]
-    return answer
-
-
-# Every status each operation can send, each brought about once: (operation, call()
-# arguments, status, header).
-PLANT = json.dumps({"id": 1, "name": "Fern"}).encode()
-STATUS_CASES_OF_GET = [
-    (("GET", "/plants"), dict(method="GET", path="/plants"), 200, None),
-    (
-        ("GET", "/plants"),
-        dict(method="GET", path="/plants", environ={"QUERY_STRING": "limit=-1"}),
-        400,
-        None,
-    ),
-    (
-        ("GET", "/plants"),
-        dict(method="GET", path="/plants", environ={"HTTP_AUTHORIZATION": ""}),
-        401,
-        "WWW-Authenticate",
-    ),
-    (("GET", "/plants"), dict(method="GET", path="/plants", store="broken"), 500, None),
-    (
-        ("GET", "/plants"),
-        dict(method="GET", path="/plants", store="away"),
-        503,
-        "Retry-After",
-    ),
-    (
-        ("GET", "/openapi.json"),
-        dict(method="GET", path="/openapi.json", environ={"HTTP_AUTHORIZATION": ""}),
-        200,
-        None,
-    ),
-    (
-        ("GET", "/health"),
-        dict(method="GET", path="/health", environ={"HTTP_AUTHORIZATION": ""}),
-        200,
-        None,
-    ),
-    (("GET", "/metrics"), dict(method="GET", path="/metrics"), 200, None),
-    (
-        ("GET", "/metrics"),
-        dict(method="GET", path="/metrics", environ={"HTTP_AUTHORIZATION": ""}),
-        401,
-        "WWW-Authenticate",
-    ),
-    (("GET", "/health"), dict(method="GET", path="/health", store="broken"), 500, None),
-    (
-        ("GET", "/health"),
-        dict(
-            method="GET",
-            path="/health",
-            store="away",
-            environ={"HTTP_AUTHORIZATION": ""},
-        ),
-        503,
-        "Retry-After",
-    ),
-]
-STATUS_CASES = [
-    (("POST", "/plants"), dict(body=PLANT), 200, None),
-    (("POST", "/plants"), dict(body=b"[]"), 400, None),
-    (
-        ("POST", "/plants"),
-        dict(body=PLANT, environ={"HTTP_AUTHORIZATION": ""}),
-        401,
-        "WWW-Authenticate",
-    ),
-    (
-        ("POST", "/plants"),
-        dict(
-            environ={"wsgi.input": FailingInput(TimeoutError()), "CONTENT_LENGTH": "9"}
-        ),
-        408,
-        None,
-    ),
-    (("POST", "/plants"), dict(body=PLANT, store="taken"), 409, None),
-    (("POST", "/plants"), dict(body=b" " * (MAX_BODY_BYTES + 1)), 413, None),
-    (
-        ("POST", "/plants"),
-        dict(body=PLANT, environ={"CONTENT_TYPE": "text/plain"}),
-        415,
-        "Accept",
-    ),
-    (("POST", "/plants"), dict(body=PLANT, store="broken"), 500, None),
-    (("POST", "/plants"), dict(body=PLANT, store="away"), 503, "Retry-After"),
-    *STATUS_CASES_OF_GET,
-    (
-        ("DELETE", "/plants/{id}"),
-        dict(method="DELETE", path="/plants/1", store="taken"),
-        204,
-        None,
-    ),
-    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/x"), 400, None),
-    (
-        ("DELETE", "/plants/{id}"),
-        dict(method="DELETE", path="/plants/1", environ={"HTTP_AUTHORIZATION": ""}),
-        401,
-        "WWW-Authenticate",
-    ),
-    (("DELETE", "/plants/{id}"), dict(method="DELETE", path="/plants/1"), 404, None),
-    (
-        ("DELETE", "/plants/{id}"),
-        dict(method="DELETE", path="/plants/1", store="broken"),
-        500,
-        None,
-    ),
-    (
-        ("DELETE", "/plants/{id}"),
-        dict(method="DELETE", path="/plants/1", store="away"),
-        503,
-        "Retry-After",
-    ),
-    (
-        ("POST", "/plants"),
-        dict(
-            body=PLANT,
-            environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"},
-        ),
-        411,
-        None,
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    "operation, arguments, status, header",
-    STATUS_CASES,
-    ids=[f"{op[0]} {op[1]} {status}" for op, _, status, _ in STATUS_CASES],
-)
-def test_every_status_an_operation_sends_is_in_the_document(
-    operation, arguments, status, header, tmp_path
-):
-    got, headers, _ = call_case(arguments, tmp_path)
-    assert got == status
-    answer = documented(*operation, status)
-    assert answer is not None, (
-        f"{operation} sends {status}, which the document does not list for it"
-    )
-    if header:
-        assert header in headers and header in answer["headers"]
-
-
-def test_the_document_lists_no_status_an_operation_never_sends():
-    for path, operations in plantstore.OPENAPI["paths"].items():
-        for method, operation in operations.items():
-            if method == "parameters":  # the path's own, not an operation
-                continue
-            sent = {
-                status
-                for op, _, status, _ in STATUS_CASES
-                if op == (method.upper(), path)
-            }
-            assert {int(status) for status in operation["responses"]} == sent, (
-                method,
-                path,
-            )
-
-
-# HEAD and OPTIONS are answered on every route, and are no operations of the document: a
-# client has nothing to call there (docs/http.md describes them). The tests below hold
-# the document to that, tie it to the routes the app serves, and keep what its HEAD and
-# OPTIONS used to cover.
-
-
-def test_every_operation_has_a_stable_operation_id_a_summary_and_a_tag(app):
-    document = app.get("/openapi.json", status=200).json
-    tags = {tag["name"] for tag in document["tags"]}
-    for method, path, operation in operations_of(document):
-        assert method not in ("HEAD", "OPTIONS"), f"{method} {path} is no operation"
-        assert re.fullmatch(r"[a-z]+(?:[A-Z][a-z]*)*", operation["operationId"]), (
-            method,
-            path,
-        )
-        assert operation["summary"].strip() and "\n" not in operation["summary"], (
-            method,
-            path,
-        )
-        assert operation["tags"] and set(operation["tags"]) <= tags, (method, path)
-    ids = [operation["operationId"] for _, _, operation in operations_of(document)]
-    assert len(ids) == len(set(ids))  # each one pinned by docs/http.md's table
-
-
-def test_the_routes_served_and_the_document_agree(app, store):
-    """Read from the app, not a list: its 404 names the routes, OPTIONS and 405 the
-    methods."""
-    document = app.get("/openapi.json", status=200).json
-    named = app.get(
-        "/no/such/route", headers=AUTH, status=404, expect_errors=True
-    ).json["message"]
-    assert set(re.findall(r"/[^\s,]*", named)) == set(document["paths"]), named
-    store.add(1, "Fern", None)
-    for path in document["paths"]:
-        url = path.replace("{id}", "1")
-        allow = app.options(url, status=204).headers["Allow"].split(", ")
-        listed = {method for method, at, _ in operations_of(document) if at == path}
-        assert set(allow) - {"HEAD", "OPTIONS"} == listed, path
-        for method in (
-            "GET",
-            "HEAD",
-            "POST",
-            "PUT",
-            "PATCH",
-            "DELETE",
-            "OPTIONS",
-            "TRACE",
-        ):
-            response = app.request(url, method=method, headers=AUTH, expect_errors=True)
-            assert (response.status_int == 405) == (method not in allow), (method, url)
-
-
-@pytest.mark.parametrize(
-    "arguments, status, header",
-    [case[1:] for case in STATUS_CASES_OF_GET],
-    ids=[f"HEAD {op[1]} {code}" for op, _, code, _ in STATUS_CASES_OF_GET],
-)
-def test_head_sends_every_status_get_does_with_its_header_and_no_body(
-    arguments, status, header, tmp_path
-):
-    got, headers, body = call_case(dict(arguments, method="HEAD"), tmp_path)
-    assert got == status and body is None
-    assert header is None or header in headers
-
-
 def test_options_on_a_path_that_is_no_plants_is_400_without_a_token(app):
     assert_error(app.options("/plants/x", status=400, expect_errors=True), 400, "'id'")
-
-
-SCHEMA = schemathesis.openapi.from_wsgi("/openapi.json", make_app([TOKEN]))
-# as `st run -H`: schemathesis knows the token and still tries without it
-SCHEMA.config.update(headers=AUTH)
-
-
-@SCHEMA.parametrize()
-@hypothesis.settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
-def test_schemathesis_finds_no_failure(case):
-    """Every check, positive and negative data, a fixed seed, in process against the
-    served document."""
-    case.call_and_validate()
-
-
-MOUNTED_SCHEMA = schemathesis.openapi.from_wsgi(
-    "/api/openapi.json", mounted_at_api(make_app([TOKEN]))
-)
-MOUNTED_SCHEMA.config.update(headers=AUTH)
-
-
-@MOUNTED_SCHEMA.parametrize()
-@hypothesis.settings(
-    max_examples=10,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
-def test_schemathesis_from_the_document_of_an_app_mounted_at_api_finds_no_failure(case):
-    """Started from /api/openapi.json alone: its servers entry sends every call to
-    /api."""
-    assert case.path.startswith("/") and case.operation.base_url.endswith("/api")
-    case.call_and_validate()
 
 
 # ---- The embedded server, over real sockets ----
