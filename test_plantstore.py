@@ -1,25 +1,23 @@
-"""Tests for plantstore: the contract's table of checks, hostile input, threads and real
-sockets."""
+"""Tests for the core of plantstore.py, everything above its line "# ---- Optional
+parts": the request path, in process, of plantstore.Application alone (the `app`
+fixture) with the in-memory store: routing, authentication, Content-Length and size, the
+media type, strict JSON, NewPlant, the check order, HEAD, OPTIONS and 405, error
+rendering, request ids, pages and the streamed listing, the store under threads, and the
+core cut at the banner as a whole service. No server, no SQL store, no subprocess:
+threads only to test locking. Each optional part's tests are in a file named by it,
+test_plantstore_<part>.py, beside this one."""
 
 import gc
 import importlib.util
 import io
 import json
-import os
 import re
 
 import pytest
 import webtest
 
 import plantstore
-from plantstore import (
-    INT64_MAX,
-    INT64_MIN,
-    MAX_BODY_BYTES,
-    PlantStore,
-    SQLiteStore,
-    make_app,
-)
+from plantstore import Application, INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore
 from testbed import (
     AUTH,
     BAD_AUTH,
@@ -46,9 +44,10 @@ from testbed import (
 
 @pytest.fixture
 def app(store):
-    """A fresh application in WebTest, lint on: anything written to wsgi.errors fails
-    the test."""
-    return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
+    """The core alone, in WebTest, lint on: anything written to wsgi.errors fails the
+    test. It overrides conftest.py's `app`, the whole service as make_app builds it,
+    which adds /openapi.json, /metrics, webhooks and CORS: the other files' parts."""
+    return webtest.TestApp(Application([TOKEN, OTHER_TOKEN], store=store))
 
 
 # ---- Creating a plant ----
@@ -215,7 +214,7 @@ def test_a_route_declared_beside_plants_id_is_found_as_it_is(app):
     assert app.options("/plants/7").headers["Allow"] == allow  # /plants/{id}'s
 
 
-# ---- HEAD, OPTIONS and CORS ----
+# ---- HEAD and OPTIONS, and the app mounted under a prefix ----
 
 
 @pytest.mark.parametrize(
@@ -239,13 +238,13 @@ def test_head_answers_as_get_would_without_a_body(store, path, headers, status):
     store.add(1, "Fern", None)
     environ = {"HTTP_AUTHORIZATION": headers.get("Authorization", "")}
     got, got_headers, body = call(
-        make_app([TOKEN], store=store),
+        Application([TOKEN], store=store),
         method="HEAD",
         path=path.partition("?")[0],
         environ={**environ, "QUERY_STRING": path.partition("?")[2]},
     )
     expected = call(
-        make_app([TOKEN], store=store),
+        Application([TOKEN], store=store),
         method="GET",
         path=path.partition("?")[0],
         environ={**environ, "QUERY_STRING": path.partition("?")[2]},
@@ -272,9 +271,13 @@ def test_options_answers_204_with_allow_without_a_token(app, path):
     assert not any(name.startswith("Access-Control") for name in response.headers)
 
 
+def test_options_on_a_path_that_is_no_plants_is_400_without_a_token(app):
+    assert_error(app.options("/plants/x", status=400, expect_errors=True), 400, "'id'")
+
+
 def test_a_chunked_body_the_server_does_not_frame_is_411():
     status, headers, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         body=b'{"id": 1, "name": "x"}',
         environ={"CONTENT_LENGTH": "", "HTTP_TRANSFER_ENCODING": "chunked"},
     )
@@ -286,7 +289,7 @@ def test_a_chunked_body_the_server_does_not_frame_is_411():
 def test_mounted_under_a_prefix_answers_as_at_the_root(store):
     """Routing uses PATH_INFO alone, so SCRIPT_NAME can be anything."""
     mounted = webtest.TestApp(
-        make_app([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"}
+        Application([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"}
     )
     assert post(mounted, {"id": 1, "name": "Moss"}, 200).json == {"name": "Moss"}
     assert_error(mounted.post("/other", status=404, expect_errors=True), 404)
@@ -295,7 +298,7 @@ def test_mounted_under_a_prefix_answers_as_at_the_root(store):
 
 def test_mounted_behind_a_dispatcher(store):
     """A parent app shifts /api off the path, as a real WSGI stack would."""
-    parent = mounted_at_api(make_app([TOKEN], store=store))
+    parent = mounted_at_api(Application([TOKEN], store=store))
     status, _, body = call(
         parent, path="/api/plants", body=b'{"id": 4, "name": "Sage"}'
     )
@@ -354,7 +357,7 @@ class ExplodingInput(io.BytesIO):
 
 def test_401_never_reads_the_body():
     status, headers, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         environ={
             "HTTP_AUTHORIZATION": "Bearer wrong",
             "wsgi.input": ExplodingInput(),
@@ -403,7 +406,9 @@ def test_json_media_type_with_parameters_or_any_case_is_accepted(app, content_ty
 
 def test_missing_content_type_is_415():
     status, headers, body = call(
-        make_app([TOKEN]), body=b'{"id": 1, "name": "x"}', environ={"CONTENT_TYPE": ""}
+        Application([TOKEN]),
+        body=b'{"id": 1, "name": "x"}',
+        environ={"CONTENT_TYPE": ""},
     )
     assert (
         status == 415
@@ -435,7 +440,7 @@ def test_malformed_content_length_is_400(value):
     # wsgiref's validator refuses such an environ itself, but wsgiref's server passes
     # the header through.
     status, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         body=b'{"id": 1, "name": "x"}',
         environ={"CONTENT_LENGTH": value},
         validate=False,
@@ -451,7 +456,7 @@ def test_no_content_length_means_an_empty_body(value):
     """PEP 3333: CONTENT_LENGTH may be empty or absent, and then the app must not read
     wsgi.input."""
     status, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         environ={"CONTENT_LENGTH": value, "wsgi.input": ExplodingInput()},
     )
     assert status == 400 and body == {
@@ -474,13 +479,13 @@ def test_body_one_byte_over_the_limit_is_413(app, store):
 
 @pytest.mark.parametrize("limit", [30, 1000, 1_000_000])
 def test_configured_limit(limit):
-    application = make_app([TOKEN], max_body_bytes=limit)
+    application = Application([TOKEN], max_body_bytes=limit)
     assert call(application, body=body_of_size(limit))[0] == 200
     assert call(application, body=body_of_size(limit + 1, plant_id=2))[0] == 413
 
 
 def test_a_zero_limit_refuses_every_body():
-    assert call(make_app([TOKEN], max_body_bytes=0), body=b"{}")[0] == 413
+    assert call(Application([TOKEN], max_body_bytes=0), body=b"{}")[0] == 413
 
 
 @pytest.mark.parametrize(
@@ -490,7 +495,7 @@ def test_a_zero_limit_refuses_every_body():
 )
 def test_oversized_content_length_is_413_without_reading(value):
     status, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         environ={"wsgi.input": ExplodingInput(), "CONTENT_LENGTH": value},
         # the validator's own int() refuses 5,000 digits
         validate=len(value) < 4300,
@@ -501,7 +506,7 @@ def test_oversized_content_length_is_413_without_reading(value):
 def test_leading_zeros_in_content_length_are_digits():
     document = b'{"id": 1, "name": "x"}'
     status, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         body=document,
         environ={"CONTENT_LENGTH": "0" * 40 + str(len(document))},
     )
@@ -512,7 +517,7 @@ def test_body_is_never_read_past_content_length():
     document = b'{"id": 1, "name": "x"}'
     stream = io.BytesIO(document + b"GARBAGE THAT BELONGS TO THE NEXT REQUEST")
     status, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         environ={"wsgi.input": stream, "CONTENT_LENGTH": str(len(document))},
     )
     assert (status, body) == (200, {"name": "x"})
@@ -521,7 +526,7 @@ def test_body_is_never_read_past_content_length():
 
 def test_body_shorter_than_content_length_is_400():
     status, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         environ={"wsgi.input": io.BytesIO(b'{"id": 1}'), "CONTENT_LENGTH": "50"},
     )
     assert status == 400 and "shorter" in body["message"]
@@ -546,7 +551,7 @@ def test_a_body_the_server_cannot_read_is_4xx_not_500(error, status):
         {"CONTENT_LENGTH": None, "wsgi.input_terminated": True},
     ):
         got, _, body = call(
-            make_app([TOKEN]), environ={"wsgi.input": FailingInput(error), **environ}
+            Application([TOKEN]), environ={"wsgi.input": FailingInput(error), **environ}
         )
         assert (
             got == status
@@ -564,7 +569,7 @@ def test_chunked_body_is_read_up_to_one_byte_past_the_limit(size, status):
     the app read to EOF."""
     stream = io.BytesIO(body_of_size(size))
     got, _, body = call(
-        make_app([TOKEN]),
+        Application([TOKEN]),
         environ={
             "wsgi.input": stream,
             "wsgi.input_terminated": True,
@@ -630,7 +635,7 @@ BAD_JSON = [
 def test_malformed_json_is_400(store, body):
     # deep nesting is long
     roomy = webtest.TestApp(
-        make_app([TOKEN], store=store, max_body_bytes=len(body) + 1)
+        Application([TOKEN], store=store, max_body_bytes=len(body) + 1)
     )
     assert_error(post(roomy, body, 400), 400)
     assert len(stored(store)) == 0
@@ -858,7 +863,7 @@ def test_checks_run_in_the_contract_order(app, request_kwargs, status):
 def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
     errors = io.StringIO()
     status, headers, body = call(
-        make_app([TOKEN], store=BrokenStore()),
+        Application([TOKEN], store=BrokenStore()),
         body=b'{"id": 1, "name": "x"}',
         environ={"wsgi.errors": errors},
     )
@@ -868,6 +873,50 @@ def test_store_failure_is_a_generic_500_logged_to_wsgi_errors():
         "Traceback" in errors.getvalue() and "the disk is on fire" in errors.getvalue()
     )
     assert TOKEN not in errors.getvalue()
+
+
+# Promises at the edges (issue 29): any status a store raises is a final answer; under
+# gunicorn and granian too, in test_plantstore_servers.py
+class RaisingStore:
+    """A store whose add raises plantstore.HTTPError with the status it was given."""
+
+    def __init__(self, status):
+        self.status = status
+
+    def add(self, plant_id, name, tag):  # noqa: ARG002 (Store's signature)
+        raise plantstore.HTTPError(self.status, f"the store raised {self.status!r}")
+
+    def page(self, after, limit):  # noqa: ARG002 (Store's signature)
+        return []
+
+    def delete(self, plant_id):  # noqa: ARG002 (Store's signature)
+        return False
+
+
+@pytest.mark.parametrize(
+    "raised, answered",
+    STATUSES_RAISED,
+    ids=[repr(raised) for raised, _ in STATUSES_RAISED],
+)
+def test_edges_any_status_a_store_raises_is_a_final_answer_under_webtest(
+    raised, answered
+):
+    # lint: WSGI's validator
+    application = webtest.TestApp(Application([TOKEN], store=RaisingStore(raised)))
+    response = post(application, {"id": 1, "name": "Fern"}, answered)
+    assert_error(response, answered)
+    if answered == 500:  # no status of HTTP: the server's fault, logged once
+        assert response.json["message"] == "internal server error"
+        assert response.errors.count("Traceback") == 1
+        assert (
+            response.errors.count(f"plantstore.HTTPError: the store raised {raised!r}")
+            == 1
+        )
+    else:
+        assert (
+            response.json["message"] == f"the store raised {raised!r}"
+            and response.errors == ""
+        )
 
 
 def test_a_custom_store_is_used():
@@ -885,7 +934,7 @@ def test_a_custom_store_is_used():
         delete = list
 
     recording = RecordingStore()
-    custom = webtest.TestApp(make_app([TOKEN], store=recording))
+    custom = webtest.TestApp(Application([TOKEN], store=recording))
     post(custom, {"id": 1, "name": "a", "tag": "t"}, 200)
     post(custom, {"id": 2, "name": "b"}, 409)
     assert recording.calls == [(1, "a", "t"), (2, "b", None)]
@@ -918,14 +967,14 @@ def test_a_custom_store_is_used():
 )
 def test_make_app_refuses_bad_tokens(tokens, error):
     with pytest.raises(error) as raised:
-        make_app(tokens)
+        Application(tokens)
     for token in tokens if isinstance(tokens, (list, tuple)) else ():
         assert not token or str(token) not in str(raised.value)
 
 
 def test_make_app_refuses_a_short_token_without_quoting_it():
     with pytest.raises(ValueError, match="at least 16 characters") as raised:
-        make_app(["eleven-char"])
+        Application(["eleven-char"])
     assert "eleven-char" not in str(
         raised.value
     ) and "secrets.token_urlsafe(32)" in str(raised.value)
@@ -941,13 +990,13 @@ def test_make_app_names_the_method_a_store_lacks(missing):
     # page(), or the first interface's list()
     lacking = "page" if missing == "list" else missing
     with pytest.raises(TypeError, match=f"the store has no {lacking}\\(\\) method"):
-        make_app([TOKEN], store=type("Store", (), methods)())
+        Application([TOKEN], store=type("Store", (), methods)())
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, "100"])
 def test_make_app_refuses_a_bad_limit(limit):
     with pytest.raises(ValueError):
-        make_app([TOKEN], max_body_bytes=limit)
+        Application([TOKEN], max_body_bytes=limit)
 
 
 # ---- Request ids (issue 46) ----
@@ -957,16 +1006,26 @@ def test_make_app_refuses_a_bad_limit(limit):
 # a 500 names it in its log line, above the traceback.
 
 
-def answer_of(case, tmp_path, request_id):
+class AwayStore:
+    """A store whose database is away, as the Store interface says one answers: each
+    call raises unavailable(), a 503 with Retry-After. (The SQL stores' own outages are
+    test_plantstore_sqlite.py's.)"""
+
+    def add(self, *_args):
+        raise plantstore.unavailable("the database")
+
+    page = delete = ping = add
+
+
+def answer_of(case, request_id):
     """One request of the case (by its status), sending request_id (None: no header);
     return (status, the X-Request-ID headers answered, what went to wsgi.errors)."""
     store, arguments = PlantStore(), dict(method="GET", path="/plants")
     if case == 500:
         arguments = dict(method="POST", body=b'{"id": 1, "name": "x"}')
         store = BrokenStore()
-    if case == 503:  # an SQLite file deleted under the running service
-        store = SQLiteStore(tmp_path / "plants.sqlite3")
-        os.remove(tmp_path / "plants.sqlite3")
+    if case == 503:
+        store = AwayStore()
     arguments |= {
         200: dict(method="POST", body=b'{"id": 1, "name": "Fern"}'),
         204: dict(method="OPTIONS"),
@@ -982,7 +1041,7 @@ def answer_of(case, tmp_path, request_id):
         "HTTP_X_REQUEST_ID": request_id,  # None: left out
     }
     status, _, _ = call(
-        answered_ids(make_app([TOKEN], store=store), answered),
+        answered_ids(Application([TOKEN], store=store), answered),
         environ=environ,
         **arguments,
     )
@@ -996,25 +1055,21 @@ ID_CASES = [200, 204, 401, 404, 405, 413, 503, 500]
 
 @pytest.mark.parametrize("case", ID_CASES)
 @pytest.mark.parametrize("request_id", KEPT_IDS.values(), ids=list(KEPT_IDS))
-def test_request_id_a_client_s_own_is_answered_as_it_is_errors_too(
-    case, request_id, tmp_path
-):
-    _, answered, _ = answer_of(case, tmp_path, request_id)
+def test_request_id_a_client_s_own_is_answered_as_it_is_errors_too(case, request_id):
+    _, answered, _ = answer_of(case, request_id)
     assert answered == [request_id]
 
 
 @pytest.mark.parametrize("case", ID_CASES)
 @pytest.mark.parametrize("request_id", REPLACED_IDS.values(), ids=list(REPLACED_IDS))
-def test_request_id_any_other_is_replaced_by_16_hex_digits_errors_too(
-    case, request_id, tmp_path
-):
-    _, answered, _ = answer_of(case, tmp_path, request_id)
+def test_request_id_any_other_is_replaced_by_16_hex_digits_errors_too(case, request_id):
+    _, answered, _ = answer_of(case, request_id)
     assert len(answered) == 1 and re.fullmatch("[0-9a-f]{16}", answered[0])
 
 
 def test_request_id_made_anew_for_each_request():
     answered = []
-    application = answered_ids(make_app([TOKEN]), answered)
+    application = answered_ids(Application([TOKEN]), answered)
     for _ in range(200):
         call(application, method="GET", path="/plants")
     assert len(set(answered)) == 200
@@ -1023,10 +1078,8 @@ def test_request_id_made_anew_for_each_request():
 @pytest.mark.parametrize(
     "request_id", ["client-chose.this_1", None, "not kept: spaces"], ids=str
 )
-def test_request_id_of_a_500_is_in_its_log_line_above_the_traceback(
-    request_id, tmp_path
-):
-    status, (answered,), logged = answer_of(500, tmp_path, request_id)
+def test_request_id_of_a_500_is_in_its_log_line_above_the_traceback(request_id):
+    status, (answered,), logged = answer_of(500, request_id)
     assert status == 500
     if request_id == "client-chose.this_1":
         assert answered == request_id
@@ -1047,7 +1100,7 @@ def create(application, plant_id, name):
 
 
 def test_concurrent_unique_creates_are_all_stored(store):
-    application = make_app([TOKEN], store=store)
+    application = Application([TOKEN], store=store)
     threads, per_thread = 8, 50
 
     def create_many(n):
@@ -1065,7 +1118,7 @@ def test_concurrent_unique_creates_are_all_stored(store):
 
 
 def test_racers_on_one_id_get_one_200_and_the_rest_409(store):
-    application = make_app([TOKEN], store=store)
+    application = Application([TOKEN], store=store)
     racers = 32
     statuses = in_threads(racers, lambda n: create(application, 42, f"racer-{n}"))
     assert sorted(statuses) == [200] + [409] * (racers - 1)
@@ -1101,7 +1154,7 @@ def test_stored_plants_give_the_garbage_collector_a_few_objects_per_chunk(store)
 def test_a_page_link_is_relative_to_where_the_app_is_mounted(store):
     for plant_id in range(3):
         store.add(plant_id, f"p{plant_id}", None)
-    response = webtest.TestApp(make_app([TOKEN], store=store)).get(
+    response = webtest.TestApp(Application([TOKEN], store=store)).get(
         "/plants?limit=2",
         headers=AUTH,
         extra_environ={"SCRIPT_NAME": "/api v1"},
@@ -1163,7 +1216,7 @@ def test_the_whole_listing_streams_a_page_at_a_time(store):
             asked.append(limit)
             return store.page(after, limit)
 
-    status, headers, body = call(make_app([TOKEN], store=Watched()), method="GET")
+    status, headers, body = call(Application([TOKEN], store=Watched()), method="GET")
     assert (
         status == 200
         and "Content-Length" not in headers
@@ -1193,7 +1246,7 @@ def test_a_store_of_the_first_interface_still_pages():
     store = ListOnly()
     for plant_id in range(25):
         store.add(plant_id, f"p{plant_id}", None)
-    application = webtest.TestApp(make_app([TOKEN], store=store))
+    application = webtest.TestApp(Application([TOKEN], store=store))
     assert follow_pages(application, "/plants?limit=10") == (
         [f"p{i}" for i in range(25)],
         3,
@@ -1219,55 +1272,3 @@ def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
     # a cursor into the deleted range too
     assert [seq for seq, _, _ in store.page(5, 2)] == [18_000, 18_001]
     assert len(store.list()) == 2_000 and store.list(1) == [("", None)]
-
-
-# ---- Promises at the edges (issue 29) ----
-
-
-class RaisingStore:
-    """A store whose add raises plantstore.HTTPError with the status it was given."""
-
-    def __init__(self, status):
-        self.status = status
-
-    def add(self, plant_id, name, tag):  # noqa: ARG002 (Store's signature)
-        raise plantstore.HTTPError(self.status, f"the store raised {self.status!r}")
-
-    def page(self, after, limit):  # noqa: ARG002 (Store's signature)
-        return []
-
-    def delete(self, plant_id):  # noqa: ARG002 (Store's signature)
-        return False
-
-
-@pytest.mark.parametrize(
-    "raised, answered",
-    STATUSES_RAISED,
-    ids=[repr(raised) for raised, _ in STATUSES_RAISED],
-)
-def test_edges_any_status_a_store_raises_is_a_final_answer_under_webtest(
-    raised, answered
-):
-    # lint: WSGI's validator
-    application = webtest.TestApp(make_app([TOKEN], store=RaisingStore(raised)))
-    response = post(application, {"id": 1, "name": "Fern"}, answered)
-    assert_error(response, answered)
-    if answered == 500:  # no status of HTTP: the server's fault, logged once
-        assert response.json["message"] == "internal server error"
-        assert response.errors.count("Traceback") == 1
-        assert (
-            response.errors.count(f"plantstore.HTTPError: the store raised {raised!r}")
-            == 1
-        )
-    else:
-        assert (
-            response.json["message"] == f"the store raised {raised!r}"
-            and response.errors == ""
-        )
-
-
-# ---- The OpenAPI document, and schemathesis against it ----
-
-
-def test_options_on_a_path_that_is_no_plants_is_400_without_a_token(app):
-    assert_error(app.options("/plants/x", status=400, expect_errors=True), 400, "'id'")
