@@ -1,9 +1,9 @@
 """Tests for plantstore_postgres: the PostgreSQL store and its settings, against a real
 PostgreSQL 15, under the servers, and on hosts of its own.
 
-The suite's PostgreSQL, the servers and the helpers both test files use are
+The suite's PostgreSQL, the servers and the helpers the test files share are
 testbed.py's, and the fixtures conftest.py's; the tests every store passes, PostgreSQL
-included, are test_plantstore.py's."""
+included, are test_plantstore_stores.py's."""
 
 import concurrent.futures
 import collections

@@ -1,16 +1,20 @@
-"""The real components the tests and the benchmarks start, and the helpers both test
-files share; nothing here is a test. The fixtures `spawn`, `postgres`, `pg_url`,
-`receiver` and `runbook` are defined here and registered for the suite by conftest.py;
-the benchmarks import `Postgres` and the rest from here. Each is always stopped: every
-subprocess (plantstore.py, 1.3.0's too, gunicorn, granian, uWSGI, waitress, cheroot,
-werkzeug, nginx, prometheus, a runbook's block) is started by `spawn` in a session of
-its own, and when the test ends, its whole process group is killed (SIGKILL), workers
-included; the suite's
-PostgreSQL (`Postgres`: initdb and pg_ctl in a temporary folder, on a free loopback
-port) is started once, by the session fixture `postgres`, and stopped with its folder
-removed when the session ends, on SIGTERM too, while a benchmark that starts one removes
-it itself, in a `finally`; each webhook `Receiver` is shut down by the `receiver`
-fixture; and `run_plantstore` kills the process it started before it returns."""
+"""The real components the tests and the benchmarks start, and the helpers and the
+tables the test files share; nothing here is a test. The fixtures `spawn`, `postgres`,
+`pg_url`, `receiver` and `runbook`, and those of the app in process, `store`, `app`,
+`any_store` and `webhook_app`, are defined here and registered for the suite by
+conftest.py; the benchmarks import `Postgres` and the rest from here. Each is always
+stopped: every subprocess (plantstore.py, 1.3.0's too, gunicorn, granian, uWSGI,
+waitress, cheroot, werkzeug, nginx, prometheus, a runbook's block) is started by `spawn`
+in a session of its own, and when the test ends, its whole process group is killed
+(SIGKILL), workers included; the suite's PostgreSQL (`Postgres`: initdb and pg_ctl in a
+temporary folder, on a free loopback port) is started once, by the session fixture
+`postgres`, and stopped with its folder removed when the session ends, on SIGTERM too,
+while a benchmark that starts one removes it itself, in a `finally`; each webhook
+`Receiver` is shut down by the `receiver` fixture; and `run_plantstore` kills the
+process it started before it returns.
+
+psycopg, standardwebhooks and prometheus_client are imported where they are used, not
+at the top: test_plantstore.py, the core's tests, runs with none of them loaded."""
 
 import base64
 import collections
@@ -18,6 +22,7 @@ import contextlib
 import glob
 import http.client
 import http.server
+import io
 import itertools
 import json
 import os
@@ -39,11 +44,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlencode
+from wsgiref.util import setup_testing_defaults
+from wsgiref.validate import validator
 
-import psycopg
 import pytest
-import standardwebhooks
-from prometheus_client.parser import text_string_to_metric_families
+import webtest
+
+import plantstore
+from plantstore import INT64_MAX, JSON_TYPE, PlantStore, SQLiteStore, make_app
 
 TOKEN = "test-token-1-a7Qm9xZ2"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -228,6 +236,8 @@ class Postgres:
     def local(self, database="plantstore"):
         """A connection through the server's Unix socket: it reaches a server on any
         host, whatever its network."""
+        import psycopg  # here, not at the top: see this file's docstring
+
         return psycopg.connect(
             host=str(self.folder),
             port=self.port,
@@ -282,6 +292,8 @@ class Postgres:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def reset(self):
+        import psycopg
+
         with psycopg.connect(self.url, autocommit=True) as db:
             db.execute("DROP TABLE IF EXISTS plants, plant_events")
 
@@ -366,6 +378,8 @@ def make_read_only(path, read_only):
 def read_database(db, query):
     """Rows read straight from the database, with no plantstore in between."""
     if db.startswith("postgresql://"):
+        import psycopg
+
         with psycopg.connect(db) as connection:
             return connection.execute(query).fetchall()
     with contextlib.closing(sqlite3.connect(db)) as connection:
@@ -829,6 +843,336 @@ class Creates:
         return set(self.answered)
 
 
+def raw_request(document, *, content_length=None, token=TOKEN):
+    body = (
+        json.dumps(document).encode() if not isinstance(document, bytes) else document
+    )
+    length = len(body) if content_length is None else content_length
+    head = (
+        f"POST /plants HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def read_raw(sock):
+    """Read until the server closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def read_status(sock):
+    """Read a whole HTTP response from sock and return (status, body)."""
+    head, _, body = read_raw(sock).partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def timed_exchange(address, method, path, document=None):
+    """(seconds from sending to the whole answer, status, headers, body); the status
+    is the error's repr when no whole HTTP answer came."""
+    sent = time.monotonic()
+    try:
+        answer = exchange(*address, method, path, document)
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        answer = repr(error), {}, None
+    return time.monotonic() - sent, *answer
+
+
+# ---- The app in process: the fixtures and the tables several test files share ----
+#
+# `store`, `app`, `any_store` and `webhook_app` are registered by conftest.py, as the
+# fixtures above. test_plantstore.py has an `app` of its own, which overrides this one
+# there: the core alone, plantstore.Application, with nothing make_app adds.
+
+OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
+
+
+@pytest.fixture
+def store():
+    return PlantStore()
+
+
+@pytest.fixture
+def app(store):
+    """The whole service as make_app builds it (the document, /metrics), in WebTest,
+    lint on: anything written to wsgi.errors fails the test."""
+    return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def any_store(request, tmp_path):
+    """Each store, held to the same behaviour: the in-memory one, SQLite and
+    PostgreSQL."""
+    if request.param == "postgres":
+        from plantstore_postgres import PostgresStore  # psycopg: only where it is used
+
+        return PostgresStore(request.getfixturevalue("pg_url"))
+    return (
+        PlantStore()
+        if request.param == "memory"
+        else SQLiteStore(tmp_path / "plants.sqlite3")
+    )
+
+
+@pytest.fixture
+def webhook_app(monkeypatch):
+    """make_app with webhooks, on a schedule short enough for a test; its sender is
+    always closed."""
+    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
+    monkeypatch.setattr(plantstore.WebhookSender, "PROBE_SECONDS", 0.3)
+    monkeypatch.setattr(plantstore.WebhookSender, "POLL_SECONDS", 0.05)
+    apps = []
+
+    def build(store, *urls, secret=SECRET):
+        apps.append(
+            make_app(
+                [TOKEN], store=store, webhook_urls=list(urls), webhook_secret=secret
+            )
+        )
+        return webtest.TestApp(apps[-1])
+
+    yield build
+    for application in apps:
+        application.webhook_sender.close()
+
+
+def stored(store):
+    """What an in-memory store holds, by id: (name, tag)."""
+    plants = {seq: (name, tag) for seq, name, tag in store.page(None, INT64_MAX)}
+    return {plant_id: plants[seq] for plant_id, seq in store._seq.items()}
+
+
+def call(
+    application, *, method="POST", path="/plants", body=b"", environ=None, validate=True
+):
+    """Call a WSGI application directly, under wsgiref's validator; return (status,
+    headers, body)."""
+    env = {
+        "REQUEST_METHOD": method,
+        "SCRIPT_NAME": "",
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "wsgi.input": io.BytesIO(body),
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+        "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+    }
+    env.update(environ or {})
+    # None: leave the key out
+    env = {key: value for key, value in env.items() if value is not None}
+    setup_testing_defaults(env)
+    started = []
+    chunks = (validator(application) if validate else application)(
+        env, lambda status, headers, _exc_info=None: started.append((status, headers))
+    )
+    try:
+        data = b"".join(chunks)
+    finally:
+        getattr(chunks, "close", lambda: None)()
+    status, headers = started[0]
+    headers = dict(headers)
+    # on every answer, made anew unless the client sent one (tested on its own)
+    assert re.fullmatch("[A-Za-z0-9._-]{1,64}", headers.pop("X-Request-ID"))
+    if data and headers.get("Content-Type") != JSON_TYPE:  # /metrics: text
+        return int(status.split()[0]), headers, data.decode()
+    return int(status.split()[0]), headers, json.loads(data) if data else None
+
+
+def body_of_size(size, plant_id=1):
+    """A valid NewPlant of exactly `size` bytes, padded with JSON whitespace."""
+    document = json.dumps({"id": plant_id, "name": "Fern"}).encode()
+    return document + b" " * (size - len(document))
+
+
+class FailingInput(io.BytesIO):
+    """A wsgi.input whose read() raises, as a server's stream does on a stall or a
+    broken chunk."""
+
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def read(self, *_args):
+        raise self.error
+
+
+class BrokenStore:
+    def add(self, *_args):
+        raise RuntimeError("the disk is on fire")
+
+    list = delete = add
+
+
+def follow_pages(application, first, meanwhile=lambda _page_number: None):
+    """GET first, then every next link; return the names seen, in order, and how many
+    pages."""
+    names, url, pages = [], first, 0
+    while url:
+        response = application.get(url, headers=AUTH, status=200)
+        names += [plant["name"] for plant in response.json]
+        url, pages = next_link(response), pages + 1
+        meanwhile(pages)
+    return names, pages
+
+
+def mounted_at_api(application):
+    """A parent WSGI app that mounts application at /api, as a real stack would."""
+    from wsgiref.util import shift_path_info
+
+    def parent(environ, start_response):
+        if shift_path_info(environ) == "api":
+            return application(environ, start_response)
+        start_response(
+            "404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "0")]
+        )
+        return [b""]
+
+    return parent
+
+
+def call_case(arguments, tmp_path):
+    """call() of the whole service with one case's arguments (a row of
+    test_plantstore_document.py's STATUS_CASES), and its store made as the case says."""
+    arguments = dict(arguments)
+    given = arguments.pop("store", None)
+    store = BrokenStore() if given == "broken" else PlantStore()
+    if given == "away":  # an SQLite file deleted under the running service
+        store = SQLiteStore(tmp_path / "plants.sqlite3")
+        os.remove(tmp_path / "plants.sqlite3")
+    if given == "taken":
+        store.add(1, "Taken", None)
+    arguments["environ"] = {
+        **arguments.get("environ", {}),
+        "wsgi.errors": io.StringIO(),
+    }
+    return call(make_app([TOKEN], store=store), **arguments)
+
+
+def operations_of(document):
+    """Each (METHOD, path, operation) of a document's paths and webhooks."""
+    return [
+        (method.upper(), path, operation)
+        for items in (document["paths"], document["webhooks"])
+        for path, item in items.items()
+        for method, operation in item.items()
+        if method != "parameters"  # the path's own
+    ]
+
+
+HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
+BAD_AUTH = [
+    pytest.param({}, None, id="no-header"),
+    pytest.param({"Authorization": "Basic dXNlcjpwYXNz"}, None, id="basic"),
+    pytest.param({"Authorization": TOKEN}, None, id="bare-token"),
+    pytest.param({"Authorization": "Bearer"}, None, id="bearer-nothing"),
+    pytest.param({"Authorization": "Bearer    "}, None, id="bearer-spaces"),
+    pytest.param({"Authorization": ""}, None, id="empty-header"),
+    pytest.param({"Authorization": "Bearer nope"}, "invalid_token", id="wrong-token"),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN}x"},
+        "invalid_token",
+        id="token-prefix-of-sent",
+    ),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN[:-1]}"}, "invalid_token", id="token-truncated"
+    ),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN.upper()}"},
+        "invalid_token",
+        id="token-case-changed",
+    ),
+    pytest.param(
+        {"Authorization": f"Bearer {TOKEN} {TOKEN}"}, "invalid_token", id="token-twice"
+    ),
+    pytest.param(
+        {"Authorization": "Bearer t\u00e9st"}, "invalid_token", id="latin-1-token"
+    ),
+]
+# Request ids (issue 46): kept as the client sent them, or made anew
+KEPT_IDS = {
+    "one character": "a",
+    "a uuid": "0f8fad5b-d9cb-469f-a165-70867728950e",
+    "dots and underscores": "req.42_Retry-2",
+    "64 characters": "A" * 64,
+    "nginx's": "5e1f3b2a9c8d7e6f5a4b3c2d1e0f9a8b",
+}
+REPLACED_IDS = {  # None: no X-Request-ID sent
+    "absent": None,
+    "empty": "",
+    "65 characters": "A" * 65,
+    "a space": "two words",
+    "a slash": "a/b",
+    "a quote": 'a"b',
+    "a colon": "a:b",
+    "a line break": "a\nb",
+    "not ASCII": "caf\xe9",  # as a WSGI server hands a header on: latin-1
+}
+
+
+def answered_ids(application, answered):
+    """application, recording in `answered` each X-Request-ID header it answers."""
+
+    def recorded(environ, start_response):
+        def start(status, headers, exc_info=None):
+            answered.extend(v for k, v in headers if k.lower() == "x-request-id")
+            return start_response(status, headers, exc_info)
+
+        return application(environ, start)
+
+    return recorded
+
+
+# A store's add raising plantstore.HTTPError with each status: raised, answered
+STATUSES_RAISED = [(499, 499), (600, 500), ("503", 500), (100, 500), (102, 500)]
+
+
+# ---- The database away: the bounds a client counts, and an SQLite file held ----
+
+# The bounds as a client counts them, from sending a request to its whole answer: a
+# request may also wait for a thread, which answering 503 at once keeps short.
+OUTAGE_CREATE_BOUND = 7  # seconds: DB_WAIT_SECONDS, and 2 for a thread
+OUTAGE_HEALTH_BOUND = 2.5  # seconds: HEALTH_WAIT_SECONDS, and 0.5 for a thread
+OUTAGE_BACK_BOUND = 3  # seconds from the database's return to a create answered 200
+SQLITE_LOCKER = (  # python -c SQLITE_LOCKER FILE SECONDS: another process's transaction
+    "import sqlite3, sys, time\n"
+    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "db.execute('BEGIN EXCLUSIVE')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "db.execute('ROLLBACK')\n"
+)
+SQLITE_FILE_HOLDER = (  # python -c SQLITE_FILE_HOLDER FILE SECONDS: from readers too
+    "import sqlite3, sys, time\n"
+    "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+    "db.execute('PRAGMA locking_mode=EXCLUSIVE')\n"
+    "db.execute('BEGIN EXCLUSIVE')\n"
+    "db.execute('DELETE FROM plants WHERE id = -1')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+)
+
+
+@contextlib.contextmanager
+def sqlite_held(path, holder):
+    """The SQLite file at path held by another process while the block runs: `holder`
+    is SQLITE_LOCKER (a write transaction) or SQLITE_FILE_HOLDER (from readers too)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", holder, str(path), str(WAIT)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline() == "locked\n"
+        yield
+    finally:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+
+
 # ---- Metrics: scraped as Prometheus scrapes them, and Prometheus itself ----
 
 
@@ -853,6 +1197,8 @@ def read_metrics(text):
     """A scrape as prometheus_client's parser reads it: {name: value} for a series
     without labels, {name: {its one label's value: value}} for the others
     (plantstore_info by version, the webhook series by receiver)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     read = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -1027,6 +1373,8 @@ def slow_upgrade(db, seconds):
     """Make the upgrade of each event of db (1.3.0's) last about `seconds`, with a
     trigger: workers that start together then overlap it, and must wait it out."""
     if db.startswith("postgresql://"):
+        import psycopg
+
         with psycopg.connect(db, autocommit=True) as connection:
             connection.execute(
                 "CREATE FUNCTION slow_upgrade() RETURNS trigger LANGUAGE plpgsql AS"
@@ -1176,6 +1524,8 @@ class Receiver:
         self.deliveries, self.statuses, self.delay, self.hold = [], [], 0, None
         self.arrivals = []  # (time.time() of its answer, webhook-id, status), in turn
         self.refused = set()  # the ids of plants whose event it answers 422, every time
+        import standardwebhooks
+
         self.verifier = standardwebhooks.Webhook(SECRET)
         receiver = self
 
@@ -1245,6 +1595,30 @@ def receiver():
     for started in receivers:
         with contextlib.suppress(Exception):
             started.stop()
+
+
+# ---- README.md and docs/, read as written ----
+
+
+def doc_text(name):
+    """A Markdown file of the repository (README.md, docs/...)."""
+    return (HERE / name).read_text()
+
+
+def doc_table(name, above):
+    """The rows of the table that starts at, or below, the first line holding `above`:
+    each (name:line, cells)."""
+    lines = doc_text(name).splitlines()
+    start = [n for n, line in enumerate(lines) if above in line]
+    assert start, f"{name} has no line {above!r} any more: update this test"
+    rows = []
+    for number, line in enumerate(lines[start[0] :], start[0] + 1):
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line[1:-1].split("|")]
+            rows.append((f"{name}:{number}", cells))
+        elif rows:
+            break
+    return rows[2:]  # past the header and its |---| line
 
 
 # ---- docs/operations.md's commands, run as written ----

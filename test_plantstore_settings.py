@@ -1,0 +1,1156 @@
+"""Tests for the assembly of plantstore.py ("The assembly: settings from the
+environment, make_app, `app`, the command line") as a user meets it: `python
+plantstore.py` and its command line, the module's `app` built from the environment,
+settings that mean what they say and refuse in one line what cannot be served, secrets
+that never show, secrets read from files (issue 45) as systemd's units hand them over,
+and the file run as a new user runs it, alone in a folder too."""
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import webtest
+
+import plantstore
+from plantstore import SQLiteStore
+from testbed import (
+    HERE,
+    Lines,
+    OTHER_TOKEN,
+    SECRET,
+    SECRET_SPELLINGS,
+    TOKEN,
+    WAIT,
+    assert_secret_kept,
+    environ_without_tokens,
+    exchange,
+    free_port,
+    make_read_only,
+    over_http,
+    post,
+    post_over_http,
+    raw_request,
+    read_status,
+    run_plantstore,
+    stored_plants,
+    wait_listening,
+)
+
+
+# ---- The command line and the module's configuration ----
+
+
+def test_python_plantstore_py_prints_a_token_that_works_and_stops_on_ctrl_c(spawn):
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"], environ_without_tokens()
+    )
+    err = Lines(process.stderr)
+    token = err.until(r"accepts one new token: (\S+)")[1]
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert host == "127.0.0.1"
+    assert post_over_http(
+        host, port, token, {"id": 1, "name": "Fern", "tag": "indoor"}
+    ) == (200, {"name": "Fern", "tag": "indoor"})
+    assert post_over_http(host, port, "not-the-token", {"id": 2, "name": "x"})[0] == 401
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    rest = err.rest()
+    assert "Traceback" not in rest
+    assert rest.count(token) == 1  # printed once, never logged again
+
+
+@pytest.mark.parametrize("database", ["memory", "sqlite", "postgres"])
+def test_python_plantstore_py_stops_on_ctrl_c_leaving_nothing_open(
+    spawn, receiver, tmp_path, request, database
+):
+    """python -X dev shows a ResourceWarning for a connection or a file left open
+    (sqlite3 says so since 3.13): a clean stop leaves none, webhooks on, any store."""
+    db = {"memory": None, "sqlite": str(tmp_path / "plants.sqlite3")}.get(database)
+    hook = receiver()
+    process = spawn(
+        [sys.executable, "-X", "dev", "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+            **{"PLANTSTORE_DB": db or request.getfixturevalue("pg_url")}
+            if database != "memory"
+            else {},
+        ),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    assert over_http(host, port, TOKEN, "GET", "/plants")[0] == 200
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    rest = err.rest()
+    assert "Warning" not in rest and "Traceback" not in rest, rest
+
+
+def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(
+    spawn,
+):
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    body = b'{"id": 1, "name": "Fern"}'
+    with socket.create_connection((host, int(port)), timeout=WAIT) as in_flight:
+        # the request is under way: its last bytes come later
+        in_flight.sendall(raw_request(body)[:-10])
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        err.until("stopping")
+        with pytest.raises(OSError):  # no new connection is accepted meanwhile
+            socket.create_connection((host, int(port)), timeout=WAIT).close()
+        in_flight.sendall(body[-10:])
+        assert read_status(in_flight) == (200, {"name": "Fern"})
+    assert process.wait(WAIT) == 0 and "Traceback" not in err.rest()
+
+
+def test_python_plantstore_py_uses_plantstore_tokens(spawn):
+    process = spawn(
+        [sys.executable, "plantstore.py", "--host", "127.0.0.1", "--port", "0"],
+        environ_without_tokens(PLANTSTORE_TOKENS=f" {TOKEN} , {OTHER_TOKEN} "),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert post_over_http(host, port, OTHER_TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    rest = err.rest()
+    assert "new token" not in rest and TOKEN not in rest and OTHER_TOKEN not in rest
+
+
+def test_python_plantstore_py_reports_a_port_in_use_in_one_line(spawn):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", str(taken.getsockname()[1])],
+            environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
+        )
+        assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "settings, said",
+    [
+        # the README's placeholder, pasted as is
+        ({"PLANTSTORE_TOKENS": "..."}, "must be at least 16 characters"),
+        ({"PLANTSTORE_TOKENS": "eleven-char"}, "must be at least 16 characters"),
+        ({"PLANTSTORE_TOKENS": ",, ,"}, "PLANTSTORE_TOKENS is set but holds no token"),
+        (
+            {"PLANTSTORE_DB": "{tmp}/missing/plants.sqlite3"},
+            "{tmp}/missing: no such directory",
+        ),
+        (
+            {"PLANTSTORE_DB": "{tmp}/locked/plants.sqlite3"},
+            "{tmp}/locked: this user cannot write in this directory",
+        ),
+    ],
+    ids=[
+        "placeholder-token",
+        "short-token",
+        "no-token",
+        "missing-directory",
+        "unwritable-directory",
+    ],
+)
+def test_python_plantstore_py_refuses_a_bad_setting_in_one_line(
+    spawn, tmp_path, settings, said
+):
+    (tmp_path / "locked").mkdir()
+    make_read_only(tmp_path / "locked", True)
+    try:
+        settings = {
+            name: value.format(tmp=tmp_path)
+            for name, value in {"PLANTSTORE_TOKENS": TOKEN, **settings}.items()
+        }
+        process = spawn(
+            [sys.executable, "plantstore.py", "--port", "0"],
+            environ_without_tokens(**settings),
+        )
+        assert process.wait(WAIT) == 2
+    finally:
+        make_read_only(tmp_path / "locked", False)
+    err = process.stderr.read()
+    # one line, saying why
+    assert err.splitlines() == [err.strip()] and said.format(tmp=tmp_path) in err
+    assert "listening" not in err and "Traceback" not in err and "not set" not in err
+
+
+def test_version_and_help_name_the_settings(spawn):
+    version = spawn(
+        [sys.executable, "plantstore.py", "--version"], environ_without_tokens()
+    )
+    assert (
+        version.wait(WAIT) == 0
+        and version.stdout.read() == f"plantstore {plantstore.__version__}\n"
+    )
+    shown = spawn([sys.executable, "plantstore.py", "--help"], environ_without_tokens())
+    assert shown.wait(WAIT) == 0
+    text = shown.stdout.read()
+    assert (
+        "PLANTSTORE_TOKENS" in text and "PLANTSTORE_DB" in text and "README.md" in text
+    )
+
+
+@pytest.mark.parametrize("how", ["python plantstore.py", "import plantstore"])
+def test_python_older_than_3_11_is_told_so_in_one_line(spawn, how):
+    run = (
+        "runpy.run_path('plantstore.py', run_name='__main__')"
+        if how.startswith("python")
+        else "import plantstore"
+    )
+    # as Python 3.10 would see it
+    code = f"import runpy, sys; sys.version_info = (3, 10, 13, 'final', 0); {run}"
+    process = spawn(
+        [sys.executable, "-c", code], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)
+    )
+    assert process.wait(WAIT) == 1
+    assert process.stderr.read().splitlines() == [
+        f"plantstore needs Python 3.11 or newer; this is Python "
+        f"{sys.version.split()[0]}"
+    ]
+
+
+def test_import_has_no_side_effects(spawn):
+    code = "import plantstore; print('app' in vars(plantstore))"
+    process = spawn([sys.executable, "-c", code], environ_without_tokens())
+    assert process.wait(WAIT) == 0
+    assert process.stdout.read() == "False\n" and process.stderr.read() == ""
+
+
+def test_app_is_built_from_the_environment(monkeypatch):
+    monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    monkeypatch.setenv("PLANTSTORE_TOKENS", f"{TOKEN},{OTHER_TOKEN}")
+    application = plantstore.app
+    assert vars(plantstore)["app"] is application  # built once, then a plain attribute
+    post(
+        webtest.TestApp(application),
+        {"id": 1, "name": "Fern"},
+        200,
+        headers={"Authorization": f"Bearer {OTHER_TOKEN}"},
+    )
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (None, "PLANTSTORE_TOKENS is not set"),
+        ("", "PLANTSTORE_TOKENS is set but holds no token"),
+        (" , ,", "PLANTSTORE_TOKENS is set but holds no token"),
+        ("...", "at least 16 characters"),
+    ],
+    ids=["unset", "empty", "only-commas", "placeholder"],
+)
+def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, message):
+    monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    if value is None:
+        monkeypatch.delenv("PLANTSTORE_TOKENS", raising=False)
+    else:
+        monkeypatch.setenv("PLANTSTORE_TOKENS", value)
+    with pytest.raises(AttributeError, match=message):
+        # the attribute is built when first read: reading it is the test
+        _ = plantstore.app
+    assert not hasattr(plantstore, "app")
+
+
+def test_unknown_module_attributes_still_raise_attribute_error():
+    with pytest.raises(AttributeError):
+        _ = plantstore.no_such_thing
+
+
+# ---- Settings that mean what they say, and secrets that never show ----
+
+
+@pytest.mark.parametrize(
+    "value, path",
+    [
+        ("plants.db", "plants.db"),
+        ("sqlite:///plants.db", "plants.db"),
+        ("SQLITE:///plants.db", "plants.db"),
+        ("sqlite:///sub/plants.db", "sub/plants.db"),
+    ],
+)
+def test_settings_an_sqlite_file_is_served_where_it_says(
+    value, path, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    store = plantstore.store_from_environ({"PLANTSTORE_DB": value})
+    assert isinstance(store, plantstore.SQLiteStore)
+    assert store.shown == f"SQLite file {tmp_path / path}"
+    assert (tmp_path / path).stat().st_mode & 0o777 == 0o600
+
+
+REFUSED = [  # PLANTSTORE_DB, words of the one line
+    ("mysql://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
+    ("postgresql+psycopg://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
+    ("http://plant:s3cr3t-pw@db.example/plants", "PLANTSTORE_DB takes"),
+    ("postgresql://plant:s3cr3t-pw%zz@db.example/plants", "%-escape"),
+    (
+        "postgresql://plant:s3cr3t-pw@db.example/plants?bogus=1",
+        "an option libpq does not know",
+    ),
+    ("host=db.example bogus=1 password=s3cr3t-pw", "an option libpq does not know"),
+    ("host=db.example password", "a word without =value"),
+    (
+        "postgresql://plant:s3cr3t-pw@db.example:notaport/plants",
+        "a number from 1 to 65535",
+    ),
+    (
+        "postgresql://plant:s3cr3t-pw@db.example:99999/plants",
+        "a number from 1 to 65535",
+    ),
+    ("postgresql://plant:s3cr3t-pw@db.example:0/plants", "a number from 1 to 65535"),
+    ("host=db.example port=s3cr3t-pw", "a number from 1 to 65535"),
+    # the host forgotten
+    ("postgresql://plant:s3cr3t-pw/plants", "a number from 1 to 65535"),
+    ("host=h1,h2,h3 port=5432,5433", "one for every host or one for all"),
+    ("file:plants.db?mode=rwc", "unset it to keep the plants in memory"),
+    ("FILE:plants.db", "unset it to keep the plants in memory"),
+    (":memory:", "unset it to keep the plants in memory"),
+    ("sqlite://", "unset it to keep the plants in memory"),
+    ("sqlite:///:memory:", "unset it to keep the plants in memory"),
+    ("sqlite:///", "unset it to keep the plants in memory"),
+    ("sqlite:///plants.db?mode=ro", "PLANTSTORE_DB"),
+]
+
+
+@pytest.mark.parametrize("value, words", REFUSED, ids=[row[0] for row in REFUSED])
+def test_settings_a_database_that_cannot_be_served_is_refused_in_one_line(
+    value, words, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as refusal:
+        plantstore.store_from_environ({"PLANTSTORE_DB": value})
+    line = str(refusal.value)
+    assert line.startswith("PLANTSTORE_DB") and words in line and "\n" not in line
+    assert "plant:" not in line  # no user-info either
+    assert_secret_kept(line)
+    # nothing chained: libpq's message quotes the value
+    assert refusal.value.__cause__ is None
+    assert refusal.value.__context__ is None or refusal.value.__suppress_context__
+    assert list(tmp_path.iterdir()) == []  # no file named after the setting
+
+
+WEBHOOKS_REFUSED = [  # user-info, a bad port, a bad host, another scheme, a space
+    "https://plant:s3cr3t-pw@example.org/hook",
+    "https://@example.org/hook?k=s3cr3t-pw",
+    "https://example.org:abc/hook?key=s3cr3t-pw",
+    "https://example.org:99999/hook?key=s3cr3t-pw",
+    "https://example.org:0/hook?key=s3cr3t-pw",
+    "https://[::1/hook?key=s3cr3t-pw",
+    "https://exa mple.org/hook?key=s3cr3t-pw",
+    "https:///hook?key=s3cr3t-pw",
+    "ftp://example.org/hook?key=s3cr3t-pw",
+    "example.org/hook?key=s3cr3t-pw",
+    "https://example.org/hook?key=s3cr3t pw",
+]
+
+
+@pytest.mark.parametrize("url", WEBHOOKS_REFUSED)
+def test_settings_a_webhook_url_never_delivered_is_refused_without_its_secret(url):
+    with pytest.raises(ValueError) as refusal:
+        plantstore.check_webhook_url(url)
+    line = str(refusal.value)
+    assert "PLANTSTORE_WEBHOOK_URL" in line and "\n" not in line
+    assert "example.org" not in line and "s3cr3t" not in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.org/hook?key=s3cr3t-pw",
+        "http://127.0.0.1:8080/h",
+        "http://[::1]:9000/h",
+        "HTTPS://Example.org/Hook",
+    ],
+)
+def test_settings_a_webhook_url_that_can_be_delivered_is_kept_as_written(url):
+    assert plantstore.check_webhook_url(url) == url
+
+
+ORIGINS = [  # as written, as a browser sends it
+    ("https://Example.ORG", "https://example.org"),
+    ("HTTPS://EXAMPLE.ORG:443", "https://example.org"),
+    ("http://localhost:80", "http://localhost"),
+    ("http://localhost:443", "http://localhost:443"),
+    ("https://example.org:80", "https://example.org:80"),
+    ("http://localhost:3000", "http://localhost:3000"),
+    ("http://[::1]:3000", "http://[::1]:3000"),
+]
+
+
+@pytest.mark.parametrize("written, sent", ORIGINS, ids=[row[0] for row in ORIGINS])
+def test_settings_a_cors_origin_is_compared_as_a_browser_sends_it(written, sent):
+    application = plantstore.make_app(
+        [TOKEN], cors_origins=["https://a.example", written]
+    )
+    app = webtest.TestApp(application)
+    answer = app.get(
+        "/plants",
+        headers={"Authorization": f"Bearer {TOKEN}", "Origin": sent},
+        status=200,
+    )
+    assert answer.headers["Access-Control-Allow-Origin"] == sent
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://example.org:99999",
+        "https://example.org:0",
+        "https://example.org:abc",
+        "https://example.org/",
+        "https://example.org/app",
+        "https://example.org?",
+        "*",
+        "null",
+        "example.org",
+        "ftp://example.org",
+        "https://bücher.example",
+        "https://user:pw@example.org",
+        "http://[::1",
+        "https://exa mple.org",
+    ],
+)
+def test_settings_a_cors_origin_no_browser_sends_is_refused(origin):
+    with pytest.raises(
+        ValueError,
+        match=r"^each origin in PLANTSTORE_CORS_ORIGINS must be one a "
+        r"browser sends",
+    ):
+        plantstore.make_app([TOKEN], cors_origins=["https://a.example", origin])
+
+
+UNKNOWN = [  # variable, the close name suggested (None: none)
+    ("PLANTSTORE_DATABASE", "PLANTSTORE_DB"),
+    ("PLANTSTORE_TOKEN", "PLANTSTORE_TOKENS"),
+    ("PLANTSTORE_WEBHOOK_URLS", "PLANTSTORE_WEBHOOK_URL"),
+    ("PLANTSTORE_CORS_ORIGIN", "PLANTSTORE_CORS_ORIGINS"),
+    ("plantstore_db", "PLANTSTORE_DB"),
+    ("PLANTSTORE_FOO", None),
+    ("PLANTSTORE_LOG_LEVEL", None),
+]
+
+
+@pytest.mark.parametrize("name, close", UNKNOWN, ids=[row[0] for row in UNKNOWN])
+def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name, close):
+    environ = {
+        name: "s3cr3t-pw",
+        "PLANTSTORE_DB": "",
+        "HOME": "/root",
+        "PLANTSTORE_TOKENS": TOKEN,
+    }
+    [warning] = plantstore.unknown_settings(environ)
+    assert warning.startswith(f"{name} is not a plantstore setting, so it is ignored")
+    assert warning.endswith(f"; did you mean {close}?" if close else "ignored")
+    assert_secret_kept(warning)
+
+
+# ---- Secrets from files (issue 45) ----
+
+# The settings that may be read from a file, NAME_FILE, and a secret of each that must
+# never show: a token, a webhook secret, a database URL with a password.
+FILE_SECRETS = {
+    "PLANTSTORE_TOKENS": "file-token-9-Zq3Vx7Lm2Kp",
+    "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+    "PLANTSTORE_DB": "postgresql://plant:s3cr3t-pw@127.0.0.1:1/plants",
+}
+
+
+def secret_file(path, content):
+    """Write content (text, or bytes as they are) to path, its owner's alone."""
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    path.chmod(0o600)
+    return path
+
+
+def without_dac_override():
+    """The command prefix under which root, too, is refused a file its mode refuses: no
+    capability to override file permissions (util-linux's setpriv). None needed for
+    other users."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv is missing: apt-get install util-linux"
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def make_bad_file(kind, name, path, env):
+    """Make path the bad file `kind` for the setting `name`, set {name}_FILE to it in
+    env; return what the one line says of it."""
+    env[f"{name}_FILE"] = str(path)
+    secret = FILE_SECRETS[name]
+    if kind == "both-ways":  # the file is fine, and the variable is set too
+        secret_file(path, secret + "\n")
+        env[name] = secret
+        return "both"
+    if kind == "missing":
+        return "cannot be read: No such file or directory"
+    if kind == "empty":
+        secret_file(path, "")
+        return "is empty"
+    if kind == "unreadable":
+        secret_file(path, secret + "\n").chmod(0)
+        return "cannot be read: Permission denied"
+    if kind == "folder":
+        path.mkdir()
+        return "cannot be read: Is a directory"
+    if kind == "not-utf-8":
+        secret_file(path, b"\xff\xfe" + secret.encode() + b"\n")
+        return "is not UTF-8 text"
+    assert kind == "an-sqlite-database"
+    with contextlib.closing(sqlite3.connect(path)) as database:
+        database.execute("CREATE TABLE plants (id INTEGER PRIMARY KEY)")
+        database.commit()
+    return f"is an SQLite database: set {name} to its path instead"
+
+
+FILE_REFUSALS = [
+    (name, kind)
+    for name in FILE_SECRETS
+    for kind in ["both-ways", "missing", "empty", "unreadable", "folder", "not-utf-8"]
+] + [("PLANTSTORE_DB", "an-sqlite-database")]
+
+
+def refused_settings(tmp_path, name, kind):
+    """The environment of a start that the file of `name` stops, the other settings
+    good; the command prefix it needs; what the line says; the path."""
+    path = tmp_path / name.lower().removeprefix("plantstore_")
+    env = environ_without_tokens()
+    if name != "PLANTSTORE_TOKENS":
+        env["PLANTSTORE_TOKENS"] = TOKEN
+    said = make_bad_file(kind, name, path, env)
+    prefix = without_dac_override() if kind == "unreadable" else []
+    return env, prefix, said, path
+
+
+def assert_refused_in_one_line(err, name, path, said):
+    """Each line that names the setting is the same one line: the setting, the path and
+    the reason, and no secret."""
+    lines = {line for line in err.splitlines() if name in line or str(path) in line}
+    assert len(lines) == 1, err
+    [line] = lines
+    assert f"{name}_FILE" in line and str(path) in line and said in line, err
+    assert "Traceback" not in err, err
+    for secret in FILE_SECRETS.values():
+        assert secret not in err and secret.removeprefix("whsec_") not in err
+    assert_secret_kept(err)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+@pytest.mark.parametrize(
+    "tokens, line_end",
+    [(f"{TOKEN}\r\n{OTHER_TOKEN}\r\n", "\r\n"), (f"{TOKEN},{OTHER_TOKEN}\n", "\n")],
+    ids=["one-a-line-crlf", "comma-separated"],
+)
+def test_secrets_python_plantstore_py_reads_each_setting_from_its_file(
+    spawn, tmp_path, receiver, request, database, tokens, line_end
+):
+    """Tokens one a line or comma-separated, the webhook secret and the database's
+    address, each from its file and its last line end dropped (a whsec_ secret with
+    \\r\\n left on would not decode); none of them shown."""
+    hook = receiver()
+    if database == "postgres":
+        db, password = (
+            request.getfixturevalue("pg_url"),
+            request.getfixturevalue("postgres").password,
+        )
+        shown = f"plants in PostgreSQL {db.replace(':' + password, '')}"
+    else:
+        db, password = str(tmp_path / "plants.sqlite3"), None
+        shown = f"plants in SQLite file {db}"
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(
+            PLANTSTORE_TOKENS_FILE=str(secret_file(tmp_path / "tokens", tokens)),
+            PLANTSTORE_WEBHOOK_SECRET_FILE=str(
+                secret_file(tmp_path / "webhook-secret", SECRET + line_end)
+            ),
+            PLANTSTORE_DB_FILE=str(secret_file(tmp_path / "db", db + line_end)),
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+        ),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    for plant_id, token in [(1, TOKEN), (2, OTHER_TOKEN)]:
+        assert post_over_http(host, port, token, {"id": plant_id, "name": "Fern"}) == (
+            200,
+            {"name": "Fern"},
+        )
+    assert post_over_http(host, port, FILE_SECRETS["PLANTSTORE_TOKENS"], {})[0] == 401
+    # the receiver verifies each signature with SECRET
+    assert sorted(hook.wait_for(2), key=lambda plant: plant["id"]) == [
+        {"id": 1, "name": "Fern"},
+        {"id": 2, "name": "Fern"},
+    ]  # in any order: a sender has up to PER_URL attempts under way at once
+    assert stored_plants(db) == {1: "Fern", 2: "Fern"}
+    process.send_signal(signal.SIGINT)
+    assert process.wait(WAIT) == 0
+    said = err.rest() + process.stdout.read()
+    assert shown in said and "new token" not in said and "Traceback" not in said
+    for secret in TOKEN, OTHER_TOKEN, SECRET, SECRET.removeprefix("whsec_"), password:
+        assert not secret or secret not in said
+
+
+@pytest.mark.parametrize(
+    "name, kind", FILE_REFUSALS, ids=[f"{n[11:]}-{k}" for n, k in FILE_REFUSALS]
+)
+def test_secrets_python_plantstore_py_refuses_a_bad_file_in_one_line(
+    spawn, tmp_path, name, kind
+):
+    env, prefix, said, path = refused_settings(tmp_path, name, kind)
+    process = spawn([*prefix, sys.executable, "plantstore.py", "--port", "0"], env)
+    assert process.wait(WAIT) == 2
+    err = process.stderr.read()
+    assert err.count("\n") == 1 and process.stdout.read() == ""
+    assert_refused_in_one_line(err, name, path, said)
+
+
+@pytest.mark.parametrize(
+    "name, kind", FILE_REFUSALS, ids=[f"{n[11:]}-{k}" for n, k in FILE_REFUSALS]
+)
+def test_secrets_gunicorn_prints_the_same_line_and_stops_booting_no_worker_again(
+    spawn, tmp_path, name, kind
+):
+    """As deploy/plantstore.service runs it, -w 1: the master stops with 4, "App failed
+    to load", which its RestartPreventExitStatus= lists."""
+    env, prefix, said, path = refused_settings(tmp_path, name, kind)
+    process = spawn(
+        [*prefix, sys.executable, "-m", "gunicorn", "-w", "1", "--threads", "8"]
+        + ["-b", "127.0.0.1:0", "plantstore:app"],
+        env,
+    )
+    assert process.wait(WAIT) == 4
+    err = process.stderr.read()
+    assert err.count("Booting worker") == 1, err
+    assert_refused_in_one_line(err, name, path, said)
+
+
+def test_secrets_gunicorn_with_two_workers_stops_on_a_bad_file_booting_each_once(
+    spawn, tmp_path
+):
+    """-w 2, as deploy/plantstore.service says for SQLite and PostgreSQL: both workers
+    fail, and gunicorn's master stops with 4, or with 1 and a traceback of its own when
+    the second failure comes while it is stopping (its HaltServer raised again in
+    halt()). The unit's RestartPreventExitStatus= lists both."""
+    env, prefix, said, path = refused_settings(tmp_path, "PLANTSTORE_DB", "folder")
+    process = spawn(
+        [sys.executable, "-m", "gunicorn", "-w", "2", "--threads", "4"]
+        + ["-b", "127.0.0.1:0", "plantstore:app"],
+        env,
+    )
+    status = process.wait(WAIT)
+    err = process.stderr.read()
+    assert status in {1, 4} and status in restart_prevented("plantstore.service"), err
+    assert err.count("Booting worker") == 2, err
+    assert "plantstore.py" not in err  # gunicorn's own traceback, if any: not ours
+    lines = {line for line in err.splitlines() if "PLANTSTORE_DB" in line}
+    assert lines == {f"PLANTSTORE_DB_FILE: {path} {said}"}, err
+
+
+@pytest.mark.parametrize("server", ["python plantstore.py", "gunicorn"])
+@pytest.mark.parametrize("given", ["variable", "file"])
+def test_secrets_a_refused_token_with_an_sqlite_path_leaves_no_file(
+    spawn, tmp_path, server, given
+):
+    short = "eleven-char"
+    tokens = (
+        {"PLANTSTORE_TOKENS": short}
+        if given == "variable"
+        else {"PLANTSTORE_TOKENS_FILE": str(secret_file(tmp_path / "tokens", short))}
+    )
+    (tmp_path / "data").mkdir()
+    env = environ_without_tokens(
+        PLANTSTORE_DB=str(tmp_path / "data" / "p.sqlite3"), **tokens
+    )
+    command = {
+        "python plantstore.py": [sys.executable, "plantstore.py", "--port", "0"],
+        "gunicorn": [sys.executable, "-m", "gunicorn", "-b", "127.0.0.1:0"]
+        + ["plantstore:app"],
+    }[server]
+    process = spawn(command, env)
+    assert process.wait(WAIT) == (2 if server == "python plantstore.py" else 4)
+    err = process.stderr.read()
+    assert "at least 16 characters" in err and short not in err
+    # neither p.sqlite3 nor p.sqlite3-writers
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+# The keys a request's environ may hold: CGI's meta-variables (RFC 3875, 4.1), the
+# request's headers as HTTP_*, and PEP 3333's wsgi.* keys.
+CGI_VARIABLES = {
+    "AUTH_TYPE",
+    "CONTENT_LENGTH",
+    "CONTENT_TYPE",
+    "GATEWAY_INTERFACE",
+    "PATH_INFO",
+    "PATH_TRANSLATED",
+    "QUERY_STRING",
+    "REMOTE_ADDR",
+    "REMOTE_HOST",
+    "REMOTE_IDENT",
+    "REMOTE_USER",
+    "REQUEST_METHOD",
+    "SCRIPT_NAME",
+    "SERVER_NAME",
+    "SERVER_PORT",
+    "SERVER_PROTOCOL",
+    "SERVER_SOFTWARE",
+}
+PEP_3333_REQUIRED = {
+    "REQUEST_METHOD",
+    "SCRIPT_NAME",
+    "PATH_INFO",
+    "QUERY_STRING",
+    "CONTENT_TYPE",
+    "CONTENT_LENGTH",
+    "SERVER_NAME",
+    "SERVER_PORT",
+    "SERVER_PROTOCOL",
+    "HTTP_AUTHORIZATION",
+    "wsgi.version",
+    "wsgi.url_scheme",
+    "wsgi.input",
+    "wsgi.errors",
+    "wsgi.multithread",
+    "wsgi.multiprocess",
+    "wsgi.run_once",
+}
+# Each prints the keys of every request's environ, one JSON line on stdout. An app of
+# its own, served by make_server:
+SPY_ON_MAKE_SERVER = """
+import json, plantstore
+def spy(environ, start_response):
+    print(json.dumps(sorted(environ)), flush=True)
+    start_response("200 OK", [("Content-Type", "application/json")])
+    return [b"{}"]
+server = plantstore.make_server("127.0.0.1", 0, spy)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+# python plantstore.py itself, run as __main__, each request seen on its way to the app:
+SPY_ON_PLANTSTORE_PY = """
+import json, runpy, sys, wsgiref.handlers
+run = wsgiref.handlers.BaseHandler.run
+def spying(handler, application):
+    def spy(environ, start_response):
+        print(json.dumps(sorted(environ)), flush=True)
+        return application(environ, start_response)
+    return run(handler, spy)
+wsgiref.handlers.BaseHandler.run = spying
+sys.argv = ["plantstore.py", "--port", "0"]
+runpy.run_path("plantstore.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("served", ["make_server", "python plantstore.py"])
+def test_secrets_the_embedded_server_hands_a_request_none_of_the_process_environment(
+    spawn, served
+):
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN, SECRET_X="hush-s3cr3t-pw", SERVER_X="on"
+    )
+    if served == "make_server":
+        process = spawn([sys.executable, "-c", SPY_ON_MAKE_SERVER], env)
+        out = Lines(process.stdout)
+        port = int(out.until(r"^(\d+)$")[1])
+    else:
+        process = spawn([sys.executable, "-c", SPY_ON_PLANTSTORE_PY], env)
+        out, err = Lines(process.stdout), Lines(process.stderr)
+        port = int(err.until(r"listening on http://[\d.]+:(\d+)")[1])
+    assert post_over_http("127.0.0.1", port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    out.until(r"^\[")
+    keys = set(json.loads(out.seen[-1]))
+    assert not keys & set(env), sorted(keys & set(env))
+    assert "SECRET_X" not in keys and "PLANTSTORE_TOKENS" not in keys
+    assert all(
+        key in CGI_VARIABLES or key.startswith(("HTTP_", "wsgi.")) for key in keys
+    ), sorted(keys)
+    assert PEP_3333_REQUIRED <= keys, sorted(PEP_3333_REQUIRED - keys)
+
+
+def test_secrets_help_names_the_file_settings(spawn):
+    shown = spawn([sys.executable, "plantstore.py", "--help"], environ_without_tokens())
+    assert shown.wait(WAIT) == 0
+    text = shown.stdout.read()
+    for name in FILE_SECRETS:
+        assert f"  {name}_FILE" in text, text
+
+
+@pytest.mark.parametrize(
+    "name, close",
+    [
+        ("PLANTSTORE_TOKEN_FILE", "PLANTSTORE_TOKENS_FILE"),
+        ("PLANTSTORE_DATABASE_FILE", "PLANTSTORE_DB_FILE"),
+        ("PLANTSTORE_WEBHOOK_SECRETS_FILE", "PLANTSTORE_WEBHOOK_SECRET_FILE"),
+    ],
+)
+def test_secrets_a_misspelt_file_setting_is_named_with_the_one_it_may_mean(name, close):
+    environ = {name: "/etc/plantstore/s3cr3t-pw", "PLANTSTORE_TOKENS": TOKEN}
+    for known in FILE_SECRETS:
+        environ[f"{known}_FILE"] = "/etc/plantstore/x"
+    assert plantstore.unknown_settings(environ) == [
+        f"{name} is not a plantstore setting, so it is ignored; did you mean {close}?"
+    ]
+
+
+def test_secrets_python_plantstore_py_warns_of_plantstore_token_file(tmp_path):
+    path = secret_file(tmp_path / "tokens", TOKEN)
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_TOKEN_FILE=str(path))
+    said = "".join(lines)
+    assert code is None, said  # PLANTSTORE_TOKENS serves; the misspelt one is named
+    assert (
+        "warning: PLANTSTORE_TOKEN_FILE is not a plantstore setting, so it is ignored; "
+        "did you mean PLANTSTORE_TOKENS_FILE?" in said
+    )
+
+
+# The systemd units, as systemd would start them (it is not running here: no PID 1 of
+# its own), and as systemd-analyze verify reads them.
+
+UNITS = ["plantstore.service", "plantstore-granian.service"]
+# what an operator puts in /etc/plantstore/tokens; systemd copies it to %d/tokens
+UNIT_TOKEN = "unit-token-4-Hs8Qw2Zx6Rt"
+
+
+def unit_text(name, every_secret=False, two_workers=False):
+    """The unit as shipped; every_secret: its CHANGE lines for the database's and the
+    webhook's secrets uncommented; two_workers: with its ExecStart for SQLite."""
+    text = (HERE / "deploy" / name).read_text()
+    if every_secret:
+        text, count = re.subn(
+            r"^#((?:LoadCredential|Environment)=)", r"\1", text, flags=re.M
+        )
+        assert count == 4, f"deploy/{name}: its commented credentials changed"
+    if two_workers:
+        if name == "plantstore.service":  # as its CHANGE comment says
+            changed = text.replace("-w 1 --threads 8 -b", "-w 2 --threads 4 -b")
+        else:
+            sqlite = re.search(r"^# SQLite: (ExecStart=.*)$", text, re.M)[1]
+            changed = re.sub(r"^ExecStart=.*$", sqlite, text, count=1, flags=re.M)
+        assert changed != text, f"deploy/{name}: its ExecStart changed"
+        text = changed
+    return text
+
+
+def unit_service_settings(text):
+    """The [Service] section of a unit: {setting: [each value, in order]}."""
+    settings, section = {}, None
+    for line in text.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif line and line[0] not in "#;" and section == "[Service]":
+            name, _, value = line.partition("=")
+            settings.setdefault(name.strip(), []).append(value.strip())
+    return settings
+
+
+def restart_prevented(name):
+    """The exit statuses after which systemd does not restart the unit."""
+    settings = unit_service_settings(unit_text(name))
+    assert settings["Restart"] == ["on-failure"]  # any other status is restarted
+    return {
+        int(status)
+        for line in settings.get("RestartPreventExitStatus", [])
+        for status in line.split()
+    }
+
+
+def start_unit(spawn, folder, text, credentials, environment_file=""):
+    """Run the unit's ExecStart as systemd would hand it its settings, as root: a
+    clean environment with its Environment= and EnvironmentFile=, the files of its
+    LoadCredential= copied into a credentials directory (%d), its WorkingDirectory.
+    The paths of the unit are under `folder`, as a root; /opt/plantstore/bin is this
+    venv's, and the port a free one. credentials: {id: what the operator's file holds}.
+
+    The answer has the process, its port, the credentials directory, and the socket
+    a Type=notify service tells it is ready on."""
+    import shlex  # here, not at the top: this section is one block
+
+    def root(path):
+        return folder / path.lstrip("/")
+
+    settings = unit_service_settings(text)
+    creds = folder / "run" / "credentials" / "unit"
+    creds.mkdir(parents=True)
+    loaded = {}
+    for line in settings.get("LoadCredential", []):
+        credential, _, source = line.partition(":")
+        # the operator's file, where the unit's comments say, root's alone
+        assert source in text.split("[Unit]")[0], f"the unit's comments miss {source}"
+        root(source).parent.mkdir(parents=True, exist_ok=True)
+        secret_file(root(source), credentials[credential])
+        shutil.copyfile(root(source), creds / credential)
+        (creds / credential).chmod(0o400)  # systemd's: read-only, the service's alone
+        loaded[credential] = root(source)
+    assert set(loaded) == set(credentials), f"the unit loads {sorted(loaded)}"
+    creds.chmod(0o500)
+    state = root("/var/lib") / settings["StateDirectory"][0]
+    state.mkdir(parents=True)
+    assert settings["WorkingDirectory"] == [f"/var/lib/{state.name}"]
+    env = {  # what systemd gives every service, and what its settings add
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
+        "LANG": "C.UTF-8",
+        "HOME": str(state),
+        "CREDENTIALS_DIRECTORY": str(creds),
+        "STATE_DIRECTORY": str(state),
+    }
+    for line in settings.get("Environment", []):
+        for assignment in shlex.split(line):
+            name, _, value = assignment.partition("=")
+            assert not re.search(r"%[^d%]", value), f"a specifier to add: {value}"
+            env[name] = re.sub(
+                "%[d%]", lambda s: str(creds) if s[0] == "%d" else "%", value
+            )
+    for path in settings.get("EnvironmentFile", []):
+        root(path.lstrip("-")).parent.mkdir(parents=True, exist_ok=True)
+        secret_file(root(path.lstrip("-")), environment_file)
+        for line in environment_file.splitlines():
+            if line.strip() and not line.startswith(("#", ";")):
+                name, _, value = line.partition("=")
+                env[name.strip()] = value.strip()
+    # /opt/plantstore has plantstore installed from this folder: this venv has it
+    # installed too, perhaps from another checkout; this folder's comes first
+    env["PYTHONPATH"] = str(HERE)
+    notify = None
+    if settings.get("Type") == ["notify"]:  # systemd waits for READY=1
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(folder / "notify"))
+        notify.settimeout(WAIT)
+        env["NOTIFY_SOCKET"] = str(folder / "notify")
+    [command] = settings["ExecStart"]
+    argv, port = shlex.split(command), free_port()
+    assert argv[0].startswith("/opt/plantstore/bin/"), argv[0]
+    argv[0] = str(Path(sys.executable).parent / Path(argv[0]).name)
+    ports = [
+        n for n, word in enumerate(argv) if re.fullmatch(r"(127.0.0.1:)?8000", word)
+    ]
+    assert len(ports) == 1, argv
+    argv[ports[0]] = argv[ports[0]].replace("8000", str(port))
+    process = spawn([shutil.which("env"), "-C", str(state), *argv], env)
+    return SimpleNamespace(process=process, port=port, creds=creds, notify=notify)
+
+
+@pytest.mark.parametrize(
+    "every_secret", [False, True], ids=["as-shipped", "every-secret"]
+)
+@pytest.mark.parametrize("unit", UNITS)
+def test_secrets_each_unit_serves_with_its_credentials_as_systemd_hands_them(
+    spawn, tmp_path, request, receiver, unit, every_secret
+):
+    credentials, environment_file, password = {"tokens": UNIT_TOKEN + "\n"}, "", None
+    if every_secret:
+        hook, postgres = receiver(), request.getfixturevalue("postgres")
+        pg_url, password = request.getfixturevalue("pg_url"), postgres.password
+        credentials |= {"db": pg_url + "\n", "webhook-secret": SECRET + "\n"}
+        environment_file = f"PLANTSTORE_WEBHOOK_URL={hook.url}\n"
+    service = start_unit(
+        spawn, tmp_path, unit_text(unit, every_secret), credentials, environment_file
+    )
+    if service.notify:
+        assert service.notify.recv(4096).startswith(b"READY=1")
+        service.notify.close()
+    wait_listening(service.process, service.port)
+    created = post_over_http(
+        "127.0.0.1", service.port, UNIT_TOKEN, {"id": 1, "name": "Fern"}
+    )
+    assert created == (200, {"name": "Fern"})
+    assert (
+        post_over_http("127.0.0.1", service.port, TOKEN, {"id": 2, "name": "x"})[0]
+        == 401
+    )
+    if every_secret:
+        assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+        assert stored_plants(pg_url) == {1: "Fern"}
+    service.process.send_signal(signal.SIGTERM)  # systemctl stop
+    assert service.process.wait(WAIT) == 0
+    said = service.process.stdout.read() + service.process.stderr.read()
+    for secret in UNIT_TOKEN, SECRET, SECRET.removeprefix("whsec_"), password:
+        assert not secret or secret not in said
+    assert "Traceback" not in said
+
+
+@pytest.mark.parametrize(
+    "two_workers", [False, True], ids=["as-shipped", "two-workers"]
+)
+@pytest.mark.parametrize("unit", UNITS)
+def test_secrets_each_unit_is_not_restarted_after_a_bad_credential(
+    spawn, tmp_path, unit, two_workers
+):
+    """The tokens' file made (install -m 600 /dev/null) and never written: the start
+    stops in one line, with a status the unit's RestartPreventExitStatus= lists."""
+    text = unit_text(unit, two_workers=two_workers)
+    service = start_unit(spawn, tmp_path, text, {"tokens": ""})
+    status = service.process.wait(WAIT)
+    if service.notify:
+        service.notify.close()
+    said = service.process.stdout.read() + service.process.stderr.read()
+    assert status != 0 and status in restart_prevented(unit), (status, said)
+    assert f"PLANTSTORE_TOKENS_FILE: {service.creds}/tokens is empty" in said, said
+    # gunicorn -w 2 may add a traceback of its own (its HaltServer, above); never ours
+    gunicorn_halted_twice = two_workers and unit == "plantstore.service"
+    assert "plantstore.py" not in said
+    assert "Traceback" not in said or gunicorn_halted_twice, said
+
+
+@pytest.mark.parametrize(
+    "every_secret", [False, True], ids=["as-shipped", "every-secret"]
+)
+@pytest.mark.parametrize("unit", UNITS)
+def test_secrets_systemd_analyze_verifies_each_unit(tmp_path, unit, every_secret):
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, (
+        "systemd-analyze is missing: apt-get install systemd (.ci/run does it)"
+    )
+    # its command must exist: this venv's, for /opt/plantstore's
+    text = unit_text(unit, every_secret).replace(
+        "/opt/plantstore/bin/", f"{Path(sys.executable).parent}/"
+    )
+    (tmp_path / unit).write_text(text)
+    done = subprocess.run(
+        [analyze, "verify", str(tmp_path / unit)],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        cwd=tmp_path,
+    )
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+# ---- python plantstore.py, as a new user runs it ----
+
+
+MORE_REFUSED = {
+    "mysql": "mysql://plant:s3cr3t-pw@h/plants",
+    "notaport": "POSTGRESQL://plant:s3cr3t-pw@127.0.0.1:notaport/plants",
+    "option": "postgresql://plant:s3cr3t-pw@h/plants?bogus=1",
+    "sqlite-memory": "sqlite:///:memory:",
+    "file": "file:plants.db?mode=rwc",
+}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [*SECRET_SPELLINGS.values(), *MORE_REFUSED.values()],
+    ids=[*SECRET_SPELLINGS, *MORE_REFUSED],
+)
+def test_settings_python_plantstore_py_never_shows_the_password(tmp_path, value):
+    # served: no DNS look-up of db.example, a refused loopback port
+    if "db.example" in value:
+        value = value.replace("db.example", "127.0.0.1").replace("5432", "1")
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB=value)
+    said = "".join(lines)
+    assert_secret_kept(said)
+    assert "Traceback" not in said
+    # no file named after the setting
+    assert [path.name for path in tmp_path.iterdir()] == []
+    if code is not None:
+        assert code == 2 and len(lines) <= 2 and "PLANTSTORE_DB" in said
+    else:
+        assert "plants in PostgreSQL postgresql://plant@127.0.0.1:1/plants" in said
+
+
+def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_variable(
+    tmp_path,
+):
+    code, lines = run_plantstore(
+        tmp_path, PLANTSTORE_DB="sqlite:///plants.db", PLANTSTORE_DATABASE="s3cr3t-pw"
+    )
+    said = "".join(lines)
+    assert code is None and "PLANTSTORE_DATABASE" in said
+    assert f"plants in SQLite file {tmp_path}/plants.db" in said
+    assert_secret_kept(said)
+    assert (tmp_path / "plants.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_umask(
+    tmp_path,
+):
+    previous = os.umask(0o022)
+    try:
+        store = SQLiteStore(tmp_path / "plants.sqlite3")
+        assert store.add(1, "Fern", None)  # a write: the -wal and -shm files exist now
+    finally:
+        os.umask(previous)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()}
+    assert {"plants.sqlite3", "plants.sqlite3-wal", "plants.sqlite3-shm"} <= set(modes)
+    assert set(modes.values()) == {0o600}
+
+
+def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, receiver):
+    """The file copied alone, run with no site-packages (python -S): SQLite, webhooks,
+    CORS and the document are served; PostgreSQL names the module it needs."""
+    shutil.copy(HERE / "plantstore.py", tmp_path)
+    hook = receiver()
+    settings = {
+        "PLANTSTORE_TOKENS": TOKEN,
+        "PLANTSTORE_WEBHOOK_URL": hook.url,
+        "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+        "PLANTSTORE_CORS_ORIGINS": "https://example.org",
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-S", "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_DB": "p.db", **settings},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        host, port = (
+            Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+        )
+        origin = {"Origin": "https://example.org"}
+        status, headers, body = exchange(
+            host, port, "POST", "/plants", {"id": 1, "name": "Fern"}, headers=origin
+        )
+        assert (status, body) == (200, {"name": "Fern"})
+        assert headers["Access-Control-Allow-Origin"] == "https://example.org"
+        assert exchange(host, port, "GET", "/openapi.json")[0] == 200
+        assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    finally:
+        process.kill()
+        process.wait(WAIT)
+        process.stderr.close()
+    process = subprocess.run(
+        [sys.executable, "-S", "plantstore.py", "--port", "0"],
+        cwd=tmp_path,
+        env={**env, "PLANTSTORE_DB": "postgresql://u:hunter2@127.0.0.1/d", **settings},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert (process.returncode, process.stderr) == (
+        2,
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
+        "plantstore_postgres: pip install '.[postgres]' in plantstore's folder "
+        "installs plantstore_postgres.py and psycopg\n",
+    )
