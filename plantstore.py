@@ -61,13 +61,19 @@ MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 PAGE_MAX = 1000  # plants in a page; a listing without `limit` streams such pages
 JSON_TYPE = "application/json"
+JSON = (("Content-Type", JSON_TYPE),)  # the headers of a JSON answer
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
 # a client's X-Request-ID, kept if it is safe to echo and to log; else one is made
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-# Made once: HTTPStatus(status) per answer cost 5-10% of creates/s
-_STATUS_LINES = {status.value: f"{status} {status.phrase}" for status in HTTPStatus}
-# the reason phrase of a status HTTPStatus lacks: the name of its class (RFC 9110 §15)
+# Each final status's line, made once (HTTPStatus(status) per answer cost 5-10% of
+# creates/s): HTTPStatus's reason phrase, or for a status it lacks, such as 499, the
+# name of the status's class (RFC 9110, 15)
 _CLASSES = {2: "Success", 3: "Redirection", 4: "Client Error", 5: "Server Error"}
+_PHRASES = {status.value: status.phrase for status in HTTPStatus}
+_STATUS_LINES = {
+    status: f"{status} {_PHRASES.get(status) or _CLASSES[status // 100]}"
+    for status in range(200, 600)
+}
 
 
 # ---- Errors: raised anywhere, answered by Application.error_answer ----
@@ -110,7 +116,9 @@ def check_bearer(environ, tokens):
 
 def read_body(environ, limit):
     """Return the body, refusing a wrong media type or a body over the limit unread."""
-    media_type = environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+    media_type = environ.get("CONTENT_TYPE", "")
+    if media_type != JSON_TYPE:  # as clients send it, else read: its parameters, case
+        media_type = media_type.partition(";")[0].strip().lower()
     if media_type != JSON_TYPE:  # whole: text/plain;application/json is not JSON
         raise HTTPError(
             415, "send Content-Type: application/json", headers=[("Accept", JSON_TYPE)]
@@ -119,11 +127,10 @@ def read_body(environ, limit):
     if length is not None:
         if not (length.isdigit() and length.isascii()):  # int() takes "+7", "7_0"
             raise HTTPError(400, "Content-Length must be a non-negative integer")
-        digits = length.lstrip("0")
-        # decided before a byte of the body is read; 19 digits are past any limit
-        if len(digits) > 18 or int(digits or "0") > limit:
+        digits = length.lstrip("0") or "0"  # leading zeros are allowed (RFC 9110)
+        length = int(digits[:19])  # 19 digits are past any limit: int() reads no more
+        if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
-        length = int(digits or "0")
     elif not environ.get("wsgi.input_terminated"):  # no length, no end: read nothing
         if environ.get("HTTP_TRANSFER_ENCODING"):  # chunked, undecoded by the server
             raise HTTPError(411, "send a Content-Length; a chunked body cannot be read")
@@ -433,7 +440,7 @@ class Application:
         request_id = environ.get("HTTP_X_REQUEST_ID")
         if not (request_id and _REQUEST_ID.fullmatch(request_id)):
             # random re-seeds in a fork's child: no two workers make the same ids
-            request_id = f"{random.getrandbits(64):016x}"
+            request_id = hex(random.getrandbits(64))
         try:
             status, body, headers = self.respond(environ)
         except Exception as error:
@@ -441,15 +448,10 @@ class Application:
         headers = [*headers, ("X-Request-ID", request_id)]
         if status in (204, 304):  # answers that never have a body
             body = []
-        else:
-            if headers[0][0] != "Content-Type":
-                headers.insert(0, ("Content-Type", JSON_TYPE))
-            if type(body) is bytes:  # else a stream, of no length known before its end
-                headers.append(("Content-Length", str(len(body))))
-                body = [body]
-        start_response(
-            _STATUS_LINES.get(status) or f"{status} {_CLASSES[status // 100]}", headers
-        )
+        elif type(body) is bytes:  # else a stream, of no length known before its end
+            headers.append(("Content-Length", str(len(body))))
+            body = [body]
+        start_response(_STATUS_LINES[status], headers)
         if environ["REQUEST_METHOD"] == "HEAD":  # GET's headers, and no body
             getattr(body, "close", lambda: None)()  # a stream read its first page only
             return []
@@ -460,10 +462,10 @@ class Application:
         (1xx, 600), is a 500, logged to wsgi.errors: the request id, the traceback."""
         status = getattr(error, "status", None)
         if isinstance(error, HTTPError) and type(status) is int and 200 <= status < 600:
-            return status, error_json(status, error.message), error.headers
+            return status, error_json(status, error.message), [*JSON, *error.headers]
         print(f"plantstore: request {request_id} failed:", file=environ["wsgi.errors"])
         traceback.print_exception(error, file=environ["wsgi.errors"])
-        return 500, error_json(500, "internal server error"), []
+        return 500, error_json(500, "internal server error"), JSON
 
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
@@ -500,22 +502,22 @@ class Application:
             raise HTTPError(409, "a plant with this 'id' already exists")
         if self.on_create:
             self.on_create(plant_id, name, tag)
-        return 200, plant_json(name, tag), []
+        return 200, plant_json(name, tag), JSON
 
     @operation("GET", "/plants")
     def listPlants(self, environ, _):
         limit, after = query_page(environ)
         read_page = self.store.page
         if limit is None:  # all, a page at a time: memory does not grow with the store
-            return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), []
+            return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), JSON
         size = min(limit, PAGE_MAX)
-        plants, headers = read_page(after, size + 1), []  # one extra: is there more?
+        plants, headers = read_page(after, size + 1), JSON  # one extra: is there more?
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
                 link = f"{quote(environ.get('SCRIPT_NAME', ''))}/plants?limit={limit}"
                 cursor = page_cursor(plants[-1][0])
-                headers = [("Link", f'<{link}&after={cursor}>; rel="next"')]
+                headers = [*JSON, ("Link", f'<{link}&after={cursor}>; rel="next"')]
         body = b", ".join([plant_json(name, tag) for _, name, tag in plants])
         return 200, b"[" + body + b"]", headers
 
@@ -532,7 +534,7 @@ class Application:
             self.store.ping()
         else:
             self.store.page(None, 1)
-        return 200, b'{"status": "ok"}', []
+        return 200, b'{"status": "ok"}', JSON
 
 
 # ==================================================================================
@@ -553,6 +555,7 @@ import encodings.idna  # noqa: F401 (imported for that alone)
 import fcntl
 import hmac
 import http.client
+import logging
 import math
 import os
 import secrets
@@ -627,9 +630,8 @@ class PlantStore(Store):
 
     def add(self, plant_id, name, tag):
         with self._lock:
-            if plant_id in self._seq:
-                return False
-            self._seq[plant_id] = self._next
+            if self._seq.setdefault(plant_id, self._next) != self._next:
+                return False  # the id is taken, by the seq that setdefault found
             self._names[-1].append(name)
             self._tags[-1].append(tag)
             self._next += 1
@@ -693,21 +695,69 @@ _USUAL_NEWPLANT = re.compile(
 def read_usual_new_plant(body):
     """read_new_plant's answer, the usual body read by a regular expression rather than
     the JSON decoder: 15% more creates/s under granian."""
-    with contextlib.suppress(UnicodeDecodeError):  # read_new_plant says what is wrong
-        if usual := _USUAL_NEWPLANT.fullmatch(body.decode("utf-8")):
-            plant_id, name, tag = usual.groups()
-            return int(plant_id), name, tag  # 18 digits at most: always an int64
-    return read_new_plant(body)
+    try:
+        usual = _USUAL_NEWPLANT.fullmatch(body.decode("utf-8"))
+    except UnicodeDecodeError:  # read_new_plant says so
+        usual = None
+    if usual is None:
+        return read_new_plant(body)
+    plant_id, name, tag = usual.groups()
+    return int(plant_id), name, tag  # 18 digits at most: always an int64
 
 
 # ---- Operator lines: the logger "plantstore" ----
+#
+# A line for the operator (a start, an outage and its end, a receiver that fails) goes
+# through logging, to the logger "plantstore", once for each change of state, never for
+# each attempt. A host's own configuration (gunicorn's --log-config, an embedding
+# program's dictConfig) routes and formats them; with none, they go to stderr as
+# "plantstore: ...", each in one write, so that the lines of several processes never
+# mix. A line that a request causes names its request id.
+
+log = logging.getLogger("plantstore")
+if log.level == logging.NOTSET:  # the start line is INFO; a host may say otherwise
+    log.setLevel(logging.INFO)
+answering = threading.local()  # the request each thread answers: its request_id
 
 
-def _log(message):
-    """One line for the operator, on stderr (gunicorn's error log), in one write, so
-    that the lines of several processes never mix."""
-    sys.stderr.write(f"plantstore: {message}\n")
-    sys.stderr.flush()
+class _Stderr(logging.Handler):
+    """Write plantstore's lines to stderr while no other handler takes them."""
+
+    def emit(self, record):
+        logger, others = log, []
+        while logger:  # the handlers the record meets, as logging looks for them
+            others += [handler for handler in logger.handlers if handler is not self]
+            logger = logger.parent if logger.propagate else None
+        if not others:
+            sys.stderr.write(f"plantstore: {self.format(record)}\n")
+            sys.stderr.flush()
+
+
+log.addHandler(_Stderr())
+
+
+def _log(message, level=logging.INFO):
+    request_id = getattr(answering, "request_id", None)
+    log.log(level, f"{message} (request {request_id})" if request_id else message)
+
+
+def naming_requests(application):
+    """The application, with each line a request causes naming the request's id: the
+    client's X-Request-ID if the core keeps it, else one made here and given to the
+    core in its place, as nginx makes $request_id. make_app wraps the application so
+    when its store or its webhook sender may write such a line."""
+
+    def named(environ, start_response):
+        request_id = environ.get("HTTP_X_REQUEST_ID")
+        if not (request_id and _REQUEST_ID.fullmatch(request_id)):
+            environ["HTTP_X_REQUEST_ID"] = request_id = hex(random.getrandbits(64))
+        answering.request_id = request_id
+        try:
+            return application(environ, start_response)
+        finally:
+            answering.request_id = None
+
+    return named
 
 
 # ---- Background work: plantstore's threads, by one rule ----
@@ -1041,7 +1091,10 @@ class SQLStore(Store):
                 cause = error.__cause__  # None: every connection was busy, no outage
                 if cause is not None and self._outage_of is None:
                     self._outage_of = kind
-                    _log(f"the {self.name} is unavailable: {self.describe(cause)}")
+                    _log(
+                        f"the {self.name} is unavailable: {self.describe(cause)}",
+                        logging.WARNING,
+                    )
                 raise
         if self._outage_of == kind:  # reads that work end no outage of writes
             self._outage_of = None
@@ -1471,6 +1524,7 @@ class WebhookSender:
     # a fork's child sends this long after the fork, or at its first create: a child
     # that serves nothing and ends sooner has taken nothing
     CHILD_DELAY = 3
+    CLOSE_SECONDS = 5  # the longest close() waits for the outbox in memory
 
     EVENT = (
         "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
@@ -1551,14 +1605,13 @@ class WebhookSender:
     def _new_state(self):
         """This process's attempts (their events, and whether each is a probe, keyed by
         seq; their statuses come in `done`), the receivers on probation (to when each
-        was last tried), and, with no SQL store, its outbox in memory."""
+        was last tried), those said to fail, and, with no SQL store, its outbox in
+        memory."""
         state = types.SimpleNamespace(
-            in_flight={}, done=[], connections={}, probation={}
+            in_flight={}, done=[], connections={}, probation={}, failing=set()
         )
-        state.first_round, state.stalled = (
-            True,
-            False,
-        )  # stalled: said to wait on the db
+        state.first_round = True
+        state.stalled = False  # whether it said that it waits for the database
         if not self._store:  # used by the sender and by notify(), in turn
             state.memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
@@ -1617,12 +1670,22 @@ class WebhookSender:
             _log(
                 f"webhook events are dropped: {waiting:.0f} events of "
                 f"{size / 2**20:.1f} MB wait in memory already, the most it keeps "
-                f"({self.MAX_WAITING} events, {self.MAX_WAITING_BYTES // 2**20} MB)"
+                f"({self.MAX_WAITING} events, {self.MAX_WAITING_BYTES // 2**20} MB)",
+                logging.WARNING,
             )
 
     def close(self):
         """Stop sending, in this process, and free the events of the attempts under
-        way: the outbox keeps them, and a sender takes them at once."""
+        way: a SQL outbox keeps them, and a sender takes them at once. The outbox in
+        memory, lost with the process, has CLOSE_SECONDS at most first to deliver what
+        waits for a receiver that is not failing."""
+        deadline = time.monotonic() + self.CLOSE_SECONDS
+        while not self._store and time.monotonic() < deadline:
+            state = this_process(self, self._new_state)
+            rows = self._execute(self.RECEIVERS_IN_MEMORY)
+            if all(url in state.failing for url, *_ in rows):
+                break
+            time.sleep(0.05)
         self._closed = True
         self._background.stop()
 
@@ -1652,12 +1715,14 @@ class WebhookSender:
                     state.stalled = True
                     _log(
                         f"webhook delivery waits for the {self._store.name}: "
-                        + self._store.describe(error.__cause__)
+                        + self._store.describe(error.__cause__),
+                        logging.WARNING,
                     )
             except Exception:
                 _log(
                     f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
-                    f"{traceback.format_exc()}"
+                    f"{traceback.format_exc()}",
+                    logging.ERROR,
                 )
             else:
                 wait = self.POLL_SECONDS
@@ -1691,7 +1756,8 @@ class WebhookSender:
                 self._execute(self.FORGET, url=url)
                 _log(
                     f"{count} waiting webhook events are dropped: their receiver "
-                    f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}"
+                    f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}",
+                    logging.WARNING,
                 )
 
     def _claim(self, state):
@@ -1778,7 +1844,8 @@ class WebhookSender:
             self._execute(self.FORGET, url=url)
             _log(
                 f"the webhook receiver {_origin(url)} answered 410 Gone: "
-                "it gets no more events"
+                "it gets no more events",
+                logging.WARNING,
             )
             return
         if url not in self.urls or (status and 200 <= status < 300):  # or its URL went
@@ -1786,7 +1853,7 @@ class WebhookSender:
             state.probation.pop(url, None)
             if probe:  # through after a silence: the others follow now
                 self._execute(self.DUE_NOW, now=now, url=url)
-            return
+            return self._say_failing(state, url, None)
         # no answer from the receiver itself: it is probed until one gets through
         if status in (None, 502, 503, 504):
             state.probation.setdefault(url, now)
@@ -1803,8 +1870,31 @@ class WebhookSender:
             self._execute(self.DONE, seq=seq)
             _log(
                 f"webhook {webhook_id} to {_origin(url)} is given up "
-                f"after {attempts + 1} attempts"
+                f"after {attempts + 1} attempts",
+                logging.WARNING,
             )
+        self._say_failing(state, url, status or "no answer")
+
+    def _say_failing(self, state, url, failure):
+        """Say once when a receiver starts failing (`failure`: its status, or "no
+        answer"), and once when it takes events again (None), with how many wait."""
+        if url in self.urls and (failure is None) == (url in state.failing):
+            state.failing ^= {url}
+            rows = self._execute(
+                self.RECEIVERS if self._store else self.RECEIVERS_IN_MEMORY
+            )
+            waiting = sum(row[1] for row in rows if row[0] == url)
+            if failure is None:
+                _log(
+                    f"the webhook receiver {_origin(url)} takes events again; "
+                    f"{waiting} wait for it"
+                )
+            else:
+                _log(
+                    f"the webhook receiver {_origin(url)} fails ({failure}); "
+                    f"{waiting} events wait for it",
+                    logging.WARNING,
+                )
 
 
 def check_webhook_url(url):
@@ -1916,6 +2006,18 @@ def add_metrics(application, sender):
         return 200, text.encode(), [("Content-Type", METRICS_TYPE)]
 
     application.declare(getMetrics)
+
+
+def add_liveness(application):
+    """Serve GET /livez, to anyone: 200 while the process answers, asking no database.
+    It is an orchestrator's liveness probe, and /health, which asks the store, its
+    readiness probe: a database away must not have every process restarted."""
+
+    @operation("GET", "/livez", token=False)
+    def checkLiveness(_environ, _):
+        return 200, b'{"status": "ok"}', JSON
+
+    application.declare(checkLiveness)
 
 
 # ---- CORS: browser pages of other origins, as a wrapper the core never sees ----
@@ -2125,6 +2227,29 @@ OPENAPI = json.loads(
         }
       }
     },
+    "/livez": {
+      "get": {
+        "operationId": "checkLiveness",
+        "security": [],
+        "tags": ["service"],
+        "summary": "Check that the process answers",
+        "description": "For an orchestrator's liveness probe: it asks no database",
+        "responses": {
+          "200": {
+            "description": "The process answers",
+            "content": {
+              "application/json": {
+                "schema": {
+                  "type": "object",
+                  "required": ["status"],
+                  "properties": {"status": {"const": "ok"}}
+                }
+              }
+            }
+          }
+        }
+      }
+    },
     "/metrics": {
       "get": {
         "operationId": "getMetrics",
@@ -2298,7 +2423,7 @@ def add_document(application):
     @operation("GET", "/openapi.json", token=False)
     def getOpenApiDocument(environ, _):
         mounted = _json_string(quote(environ.get("SCRIPT_NAME", "")) or "/")
-        return 200, document.replace('"MOUNTED"', mounted, 1).encode(), []
+        return 200, document.replace('"MOUNTED"', mounted, 1).encode(), JSON
 
     application.declare(getOpenApiDocument)
 
@@ -2383,28 +2508,36 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
 
     # at exit, no thread is waited for: finish() has waited for the requests
     daemon_threads = True
-    # listen backlog: a burst of connects waits state, not refused
+    # listen backlog: a burst of connects waits here, not refused
     request_queue_size = 1024
     linger_seconds = 2
 
     def process_request(self, request, client_address):
-        with self.idle:
+        with self.request_ended:
             self.in_flight += 1
         super().process_request(request, client_address)
 
-    def stop(self, *_signal):
+    def stop(self, signum, _frame):
         """End serve_forever() between two accepts: an exception raised by a signal
         handler could cut one under way. From another thread, since shutdown() waits
-        for serve_forever(), which runs in the thread that takes the signal."""
-        threading.Thread(target=self.shutdown).start()
+        for serve_forever(), which runs in the thread that takes the signal. A second
+        Ctrl-C, a second or more after the first, ends the process at once, with the
+        requests under way cut (130: ended by SIGINT, as a shell says it)."""
+        if self.stopping is None:
+            self.stopping = time.monotonic()
+            threading.Thread(target=self.shutdown).start()
+        elif signum == signal.SIGINT and time.monotonic() - self.stopping >= 1:
+            os._exit(130)
 
     def finish(self):
         """Stop accepting, and wait up to client_timeout for the requests in flight."""
-        # closed before it is said, so that no connection comes after
-        self.server_close()
-        _log("stopping: answering the requests under way, accepting no new ones")
-        with self.idle:
-            self.idle.wait_for(lambda: not self.in_flight, self.client_timeout)
+        self.server_close()  # closed before it is said: no connection comes after
+        _log(
+            f"stopping: answering the {self.in_flight} requests under way, for "
+            f"{self.client_timeout} s at most, and accepting no new ones"
+        )
+        with self.request_ended:
+            self.request_ended.wait_for(lambda: not self.in_flight, self.client_timeout)
 
     def handle_error(self, request, client_address):
         # a client timed out or hung up: quiet
@@ -2424,16 +2557,17 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         except OSError:
             pass
         self.close_request(request)
-        with self.idle:
+        with self.request_ended:
             self.in_flight -= 1
-            self.idle.notify_all()
+            self.request_ended.notify_all()
 
 
 def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
     """The embedded server for application on (host, port); port 0 picks a free one."""
     server = _Server((host, port), _RequestHandler)
     server.client_timeout = client_timeout
-    server.in_flight, server.idle = 0, threading.Condition()
+    server.in_flight, server.request_ended = 0, threading.Condition()
+    server.stopping = None  # when the first signal to stop came
     server.set_app(application)
     return server
 
@@ -2455,10 +2589,11 @@ def make_app(
     It is the core's Application, with PlantStore unless given a store, the usual
     body's fast read, GET /metrics, GET /livez and the OpenAPI document. With
     webhook_urls, each new plant is also POSTed to every one of them, signed with
-    webhook_secret (see WebhookSender). With cors_origins, the origins whose browser
-    pages may call it (https://example.org), it is that Application wrapped by
-    with_cors, a function. Either way, its `store` attribute is the store, and its
-    `webhook_sender` the sender or None.
+    webhook_secret (see WebhookSender). With a store given or webhooks, it is that
+    Application wrapped by naming_requests, and with cors_origins, the origins whose
+    browser pages may call it (https://example.org), wrapped by with_cors too: then a
+    function. Either way, its `store` attribute is the store, and `webhook_sender` the
+    sender or None.
     """
     application = Application(
         tokens, PlantStore() if store is None else store, max_body_bytes
@@ -2471,11 +2606,15 @@ def make_app(
         sender = WebhookSender(webhook_urls, webhook_secret, application.store)
         application.on_create = sender.notify
     add_metrics(application, sender)
+    add_liveness(application)
     add_document(application)
+    served = application
+    if sender or store is not None:  # they may write a line that a request causes
+        served = naming_requests(application)
     if isinstance(cors_origins, str):  # one origin
         cors_origins = [cors_origins]
     origins = {browser_origin(origin) for origin in cors_origins}
-    served = with_cors(application, origins) if origins else application
+    served = with_cors(served, origins) if origins else served
     served.webhook_sender, served.store = sender, application.store
     return served
 
@@ -2586,36 +2725,53 @@ def db_mistake(value):
     return None
 
 
-def unknown_settings(environ=os.environ):
-    """A warning for each PLANTSTORE_* variable plantstore does not read; no value."""
+def unknown_setting(environ=os.environ):
+    """A refusal of the first PLANTSTORE_* variable plantstore does not read, with the
+    setting it may mean: a typo's, or one whose name says its form (DB_URL,
+    DATABASE_URL: DB); or None. The value is never quoted."""
     known = [TOKENS_VARIABLE, WEBHOOK_URL_VARIABLE, CORS_VARIABLE, *FILE_SETTINGS]
     known += [f"{name}_FILE" for name in FILE_SETTINGS]
-    short = {name.removeprefix("PLANTSTORE_"): name for name in known}  # DB: ...
-    warnings = []
+    short = {name.removeprefix("PLANTSTORE_"): name for name in known}
     for name in sorted(set(environ) - set(known)):
         if name.upper().startswith("PLANTSTORE_"):
-            asked = name.upper().removeprefix("PLANTSTORE_")  # DATABASE finds DB
-            alike = [n for n in short if n.endswith("FILE") == ("FILE" in asked)]
-            close = difflib.get_close_matches(asked, alike, 1, 0.4)
-            warnings.append(
-                f"{name} is not a plantstore setting, so it is ignored"
-                + "".join(f"; did you mean {short[match]}?" for match in close)
+            asked = name.upper().removeprefix("PLANTSTORE_").replace("DATABASE", "DB")
+            asked = re.sub(r"_(URL|URI|DSN|PATH)(?=_FILE$|$)", "", asked)
+            close = difflib.get_close_matches(asked, short, 1, 0.5)
+            return f"{name} is not a plantstore setting" + "".join(
+                f": did you mean {short[match]}?" for match in close
             )
-    return warnings
+    return None
+
+
+@contextlib.contextmanager
+def refusals_of(environ, name):
+    """A refusal of setting `name`'s value names the setting as it was given: NAME, or
+    NAME_FILE and the file's path, which holds the value."""
+    try:
+        yield
+    except ValueError as error:
+        said, path = str(error), environ.get(f"{name}_FILE")
+        if said.startswith(f"{name}_FILE"):  # about the file itself: named already
+            raise
+        given = name if path is None else f"{name}_FILE ({path})"
+        said = said[len(name) :] if re.match(rf"{name}\b", said) else f": {said}"
+        raise ValueError(given + said) from None
 
 
 def app_from_environ(environ=os.environ, tokens=None):
     """make_app with what the environment says, every setting checked before the store
     opens a file or a connection; then the start line."""
-    for warning in unknown_settings(environ):
-        _log(f"warning: {warning}")
+    if problem := unknown_setting(environ):
+        raise ValueError(problem)
     tokens = tokens or tokens_from_environ(environ)
     if tokens is None:
         raise ValueError(
-            f"{TOKENS_VARIABLE} is not set: set it to the bearer tokens to accept, "
-            "comma-separated; plantstore never runs without them"
+            f"neither {TOKENS_VARIABLE} nor {TOKENS_VARIABLE}_FILE is set: set one to "
+            "the bearer tokens to accept, comma-separated or one a line; plantstore "
+            "never runs without them"
         )
-    tokens = checked_tokens(tokens)
+    with refusals_of(environ, TOKENS_VARIABLE):
+        tokens = checked_tokens(tokens)
 
     def listed(name, check):  # each comma-separated item, checked
         items = environ.get(name, "").split(",")
@@ -2624,9 +2780,11 @@ def app_from_environ(environ=os.environ, tokens=None):
     urls = listed(WEBHOOK_URL_VARIABLE, check_webhook_url)
     secret = setting(environ, WEBHOOK_SECRET_VARIABLE)
     if urls:
-        webhook_secret_key(secret)
+        with refusals_of(environ, WEBHOOK_SECRET_VARIABLE):
+            webhook_secret_key(secret)
     origins = listed(CORS_VARIABLE, browser_origin)
-    store = store_from_environ(environ)  # last: a refused setting makes no file
+    with refusals_of(environ, DB_VARIABLE):  # last: a refused setting makes no file
+        store = store_from_environ(environ)
     application = make_app(
         tokens, store, webhook_urls=urls, webhook_secret=secret, cors_origins=origins
     )
@@ -2646,7 +2804,7 @@ def __getattr__(name):
     try:
         app = app_from_environ()
     except ValueError as problem:
-        _log(str(problem))
+        _log(str(problem), logging.ERROR)
         raise SystemExit(4) from None
     return app
 
@@ -2688,30 +2846,32 @@ def main(argv=None):
         "--version", action="version", version=f"plantstore {__version__}"
     )
     args = parser.parse_args(argv)
-    try:
-        tokens = tokens_from_environ()
-        if tokens is None:
-            tokens = [secrets.token_urlsafe(32)]
-            _log(
-                f"{TOKENS_VARIABLE} is not set, so this run accepts one new token: "
-                + tokens[0]
-            )
-        application = app_from_environ(tokens=tokens)
-        server = make_server(args.host, args.port, application)
-    except ValueError as error:  # a bad setting: one line, and no server starts
-        _log(str(error))
-        return 2
+    try:  # the port first: a start refused for it makes no file
+        server = make_server(args.host, args.port, None)
     except (OSError, OverflowError) as error:
-        _log(f"cannot listen on {args.host}:{args.port}: {error}")
+        _log(f"cannot listen on {args.host}:{args.port}: {error}", logging.ERROR)
         return 2
     with server:
+        try:
+            tokens = tokens_from_environ()
+            if tokens is None:  # said to the one at the terminal, and in no log
+                tokens = [secrets.token_urlsafe(32)]
+                print(
+                    f"plantstore: {TOKENS_VARIABLE} is not set, so this run accepts one"
+                    f" new token: {tokens[0]}",
+                    file=sys.stderr,
+                )
+            server.set_app(app_from_environ(tokens=tokens))
+        except ValueError as error:  # a bad setting: one line, and no server starts
+            _log(str(error), logging.ERROR)
+            return 2
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C, and how systemd stops it
             signal.signal(stop, server.stop)  # SIGINT too: background jobs ignore it
         host, port = server.server_address[:2]
         _log(f"listening on http://{host}:{port}/plants (Ctrl-C to stop)")
         server.serve_forever()
         server.finish()
-    for part in application.webhook_sender, application.store:
+    for part in server.application.webhook_sender, server.application.store:
         getattr(part, "close", lambda: None)()  # nothing left open at a clean stop
     return 0
 

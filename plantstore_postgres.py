@@ -106,20 +106,33 @@ class PostgresStore(SQLStore):
                 "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
                 "them"
             ) from None
-        # libpq checks its options' values before it connects
         except psycopg.Error as error:
-            option = (
-                re.search(r'option "(\w+)"', str(error))  # libpq's for a number
-                or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error))
-            )
-            if option:  # named, never quoted: the value may be a password's neighbour
-                raise ValueError(
-                    f"{DB_VARIABLE}: {name}: libpq refuses the value of its "
-                    f"option {next(filter(None, option.groups()))}"
-                ) from None
+            refusal = self.refusal(error)
+            if refusal:
+                raise ValueError(f"{DB_VARIABLE}: {name}: {refusal}") from None
             if not isinstance(error, self.outages):
                 raise
             # The database is away at start: waited for, as any outage is.
+
+    # A connection refused for good, which no wait would mend, as the server says it
+    # (libpq gives no SQLSTATE for it): in English, PostgreSQL's lc_messages by default.
+    REFUSED = re.compile(
+        r"FATAL: +((password authentication failed|role .* does not exist"
+        r"|database .* does not exist|no pg_hba\.conf entry).*)"
+    )
+
+    def refusal(self, error):
+        """What stops the start, said without the value of any setting: a value libpq
+        refuses, or a connection refused for good (a password, a role, a database)."""
+        # libpq checks its options' values before it connects
+        option = (
+            re.search(r'option "(\w+)"', str(error))  # libpq's for a number
+            or re.search(r"invalid (\w+) value|bad value for (\w+)", str(error))
+        )
+        if option:  # named, never quoted: the value may be a password's neighbour
+            return f"libpq refuses the value of its option {option[1] or option[2]}"
+        refused = self.REFUSED.search(str(error))
+        return refused and f"PostgreSQL refuses the connection: {refused[1]}"
 
     # What plantstore's own tables hold (pgloader or psql may make others): seq and id
     # are unique and never NULL, and so a name is never NULL.
