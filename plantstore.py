@@ -440,7 +440,7 @@ class Application:
         request_id = environ.get("HTTP_X_REQUEST_ID")
         if not (request_id and _REQUEST_ID.fullmatch(request_id)):
             # random re-seeds in a fork's child: no two workers make the same ids
-            request_id = hex(random.getrandbits(64))
+            request_id = "%016x" % random.getrandbits(64)
         try:
             status, body, headers = self.respond(environ)
         except Exception as error:
@@ -750,7 +750,7 @@ def naming_requests(application):
     def named(environ, start_response):
         request_id = environ.get("HTTP_X_REQUEST_ID")
         if not (request_id and _REQUEST_ID.fullmatch(request_id)):
-            environ["HTTP_X_REQUEST_ID"] = request_id = hex(random.getrandbits(64))
+            environ["HTTP_X_REQUEST_ID"] = request_id = "%016x" % random.getrandbits(64)
         answering.request_id = request_id
         try:
             return application(environ, start_response)
