@@ -298,7 +298,11 @@ class PagesFromList(Store):
     its seqs are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
-        self.store, self.add, self.delete = store, store.add, store.delete
+        self.store = store
+        self.add, self.delete = (
+            getattr(store, "add", None),
+            getattr(store, "delete", None),
+        )
 
     def page(self, after, limit):
         start = max(after or 0, 0)  # seqs are list positions; any cursor may come

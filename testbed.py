@@ -940,6 +940,8 @@ def webhook_app(monkeypatch):
 
 def stored(store):
     """What an in-memory store holds, by id: (name, tag)."""
+    if isinstance(store, plantstore.MemoryStore):  # id: (seq, name, tag)
+        return {plant_id: plant[1:] for plant_id, plant in store._plants.items()}
     plants = {seq: (name, tag) for seq, name, tag in store.page(None, INT64_MAX)}
     return {plant_id: plants[seq] for plant_id, seq in store._seq.items()}
 
