@@ -13,6 +13,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -73,13 +74,21 @@ FAMILIES = {  # each with its HELP and TYPE lines, and the label of its series
 
 def write_events(path, events):
     """Events straight into the outbox, as senders leave them: (url, attempts,
-    created), created None as 1.3.0 writes it."""
+    created), created None as 1.3.0 writes it, each due in a year: no sender of the
+    test's touches them."""
     with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.executemany(
             "INSERT INTO plant_events (url, webhook_id, body, attempts, next_at,"
-            " created) VALUES (?, 'msg_x', x'7b7d', ?, 0, ?)",
+            f" created) VALUES (?, 'msg_x', x'7b7d', ?, {time.time() + 3e7}, ?)",
             events,
         )
+
+
+def counted(path, urls):
+    """make_app on the SQLite file, sending to the urls (figures are its sender's)."""
+    return make_app(
+        [TOKEN], store=SQLiteStore(path), webhook_urls=urls, webhook_secret=SECRET
+    )
 
 
 def test_metrics_need_the_token_and_answer_prometheus_s_text_format(app):
@@ -112,7 +121,13 @@ def test_metrics_count_each_receiver_s_waiting_and_failing_events_and_the_oldest
     tmp_path,
 ):
     path = tmp_path / "plants.sqlite3"
-    application = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
+    urls = [
+        "http://a.example:8080/hook",
+        "http://a.example:8080/other?key=SECRET-IN-QUERY",
+        "https://b.example/hook",
+    ]
+    served = counted(path, urls)
+    application = webtest.TestApp(served)
     now = time.time()
     write_events(
         path,
@@ -141,6 +156,7 @@ def test_metrics_count_each_receiver_s_waiting_and_failing_events_and_the_oldest
     assert 3600 - 0.001 <= ages["http://a.example:8080"] <= asked - now + 3600 + 0.001
     assert ages["https://b.example"] == 0  # none of its events has a creation time
     assert "SECRET" not in text and "/hook" not in text and "/other" not in text
+    served.webhook_sender.close()
 
 
 @pytest.mark.parametrize(
@@ -199,22 +215,26 @@ def test_metrics_name_a_receiver_by_its_origin_alone_and_add_up_the_urls_of_one(
         served.webhook_sender.close()
 
 
-def test_metrics_cost_one_query_of_the_outbox_and_none_of_the_plants(tmp_path):
+def test_metrics_cost_the_health_check_and_one_query_of_the_outbox_no_plant(tmp_path):
     path = tmp_path / "plants.sqlite3"
-    store = SQLiteStore(path)
-    application = webtest.TestApp(make_app([TOKEN], store=store))
-    write_events(path, [(f"http://{n}.example/hook", n, time.time()) for n in range(5)])
+    urls = [f"http://{n}.example/hook" for n in range(5)]
+    served = counted(path, urls)
+    store, application = served.store, webtest.TestApp(served)
+    write_events(path, [(url, n, time.time()) for n, url in enumerate(urls)])
     ran, execute = [], store.execute
 
     def recorded(db, sql, parameters, deadline):
-        ran.append(sql)
+        if threading.current_thread() is scraper:  # not the sender's own
+            ran.append(sql)
         return execute(db, sql, parameters, deadline)
 
-    store.execute = recorded
+    store.execute, scraper = recorded, threading.current_thread()
     read = read_metrics(application.get("/metrics", headers=AUTH, status=200).text)
+    served.webhook_sender.close()
     assert len(read["plantstore_webhook_events_waiting"]) == 5
-    assert len(ran) == 1 and "FROM plant_events" in ran[0], ran
-    assert ran[0].startswith("SELECT ")
+    asked = [sql for sql in ran if "plant_events" in sql and "url" in sql]
+    assert ran[0] == "SELECT 1" and "plants " not in " ".join(ran) + " ", ran
+    assert asked[0].startswith("SELECT ") and "GROUP BY url" in asked[0], ran
 
 
 @pytest.mark.parametrize("held", ["a-write-transaction", "the-file-from-readers-too"])
@@ -232,6 +252,11 @@ def test_metrics_sqlite_held_by_another_process_answer_200_within_2_5_s(
     SQLiteStore(path)  # the tables, then events waiting for a receiver
     write_events(path, [("http://hooks.example/a", 0, time.time())] * 3)
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
+    if up:  # a sender, to count them; none holds a connection that the holder waits on
+        env |= {
+            "PLANTSTORE_WEBHOOK_URL": "http://hooks.example/a",
+            "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+        }
     _, host, port, err = start_gunicorn(spawn, env, 2, 4)  # no connection held yet
     wait_apps_built(err, 2)
     with sqlite_held(path, holder):

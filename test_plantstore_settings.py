@@ -301,7 +301,7 @@ def test_settings_an_sqlite_file_is_served_where_it_says(
     (tmp_path / "sub").mkdir()
     store = plantstore.store_from_environ({"PLANTSTORE_DB": value})
     assert isinstance(store, plantstore.SQLiteStore)
-    assert store.shown == f"SQLite file {tmp_path / path}"
+    assert store.name == f"SQLite file {tmp_path / path}"
     assert (tmp_path / path).stat().st_mode & 0o777 == 0o600
 
 

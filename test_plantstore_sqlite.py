@@ -590,7 +590,7 @@ def queued_behind_a_held_batch(store, application, bodies):
         deadline = time.monotonic() + WAIT
         for k, body in enumerate([*bodies, None]):
             # the one before is queued
-            while not (batches if k == 0 else len(store._here().queue) == k):
+            while not (batches if k == 0 else len(store._state().queue) == k):
                 assert time.monotonic() < deadline, "the creates did not queue"
                 time.sleep(0.005)
             if body is not None:
@@ -639,7 +639,7 @@ def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(
     assert store.list() == [("create held", None)] + [plants[k] for k in winners]
     events = [
         json.loads(bytes(body))
-        for (body,) in store.run("SELECT body FROM plant_events ORDER BY seq")
+        for (body,) in store.query("SELECT body FROM plant_events ORDER BY seq")
     ]
     assert events == [{"id": 0, "name": "create held"}] + [bodies[k] for k in winners]
 
@@ -873,7 +873,7 @@ def test_operations_sqlite_backup_amid_creates_restores_all_answered_before_it(
 
 
 def test_operations_events_repointed_in_sqlite_go_to_the_new_url(
-    runbook, webhook_app, receiver, capsys
+    runbook, webhook_app, receiver, caplog
 ):
     old_hook, new_hook = receiver(), receiver()
     old_hook.stop()
@@ -890,4 +890,4 @@ def test_operations_events_repointed_in_sqlite_go_to_the_new_url(
     assert said == "5 events re-pointed\n"
     webhook_app(SQLiteStore(path), new_hook.url)  # the restart, with the new URL
     assert sorted(plant["id"] for plant in new_hook.wait_for(5)) == list(range(5))
-    assert "dropped" not in capsys.readouterr().err
+    assert "dropped" not in caplog.text
