@@ -441,7 +441,9 @@ def test_gunicorn_refuses_to_boot_without_tokens(spawn):
     process = gunicorn(spawn, environ_without_tokens())
     assert process.wait(WAIT) != 0
     err = process.stderr.read()
-    assert "PLANTSTORE_TOKENS is not set" in err
+    assert (
+        "plantstore: neither PLANTSTORE_TOKENS nor PLANTSTORE_TOKENS_FILE is set" in err
+    )
     assert "Traceback" not in err
 
 
@@ -888,7 +890,10 @@ def test_granian_without_tokens_says_so_in_one_line(spawn):
     assert process.wait(WAIT) != 0
     err = process.stderr.read()
     said = [line for line in err.splitlines() if "PLANTSTORE_TOKENS" in line]
-    assert len(said) == 1 and "PLANTSTORE_TOKENS is not set" in said[0], err
+    assert (
+        len(said) == 1
+        and "neither PLANTSTORE_TOKENS nor PLANTSTORE_TOKENS_FILE is set" in said[0]
+    ), err
     assert "Traceback" not in err, err
 
 

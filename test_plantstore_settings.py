@@ -258,23 +258,33 @@ def test_app_is_built_from_the_environment(monkeypatch):
 @pytest.mark.parametrize(
     "value, message",
     [
-        (None, "PLANTSTORE_TOKENS is not set"),
+        (None, "neither PLANTSTORE_TOKENS nor PLANTSTORE_TOKENS_FILE is set"),
         ("", "PLANTSTORE_TOKENS is set but holds no token"),
         (" , ,", "PLANTSTORE_TOKENS is set but holds no token"),
-        ("...", "at least 16 characters"),
+        ("...", "PLANTSTORE_TOKENS: each token must be at least 16 characters"),
     ],
     ids=["unset", "empty", "only-commas", "placeholder"],
 )
-def test_app_without_tokens_refuses_naming_the_variable(monkeypatch, value, message):
+def test_app_without_tokens_refuses_naming_the_variable(
+    monkeypatch, caplog, value, message
+):
+    """A server that reads `app` gets its line through the logger plantstore, then
+    the process's end with status 4, which gunicorn takes for an app that cannot
+    load: whatever the server, the same."""
     monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    monkeypatch.delenv("PLANTSTORE_TOKENS_FILE", raising=False)
     if value is None:
         monkeypatch.delenv("PLANTSTORE_TOKENS", raising=False)
     else:
         monkeypatch.setenv("PLANTSTORE_TOKENS", value)
-    with pytest.raises(AttributeError, match=message):
+    with pytest.raises(SystemExit) as ended:
         # the attribute is built when first read: reading it is the test
         _ = plantstore.app
-    assert not hasattr(plantstore, "app")
+    assert ended.value.code == 4
+    [record] = caplog.records
+    assert record.name == "plantstore" and record.levelname == "ERROR"
+    assert record.getMessage().startswith(message)
+    assert "app" not in vars(plantstore)  # hasattr() would build it again
 
 
 def test_unknown_module_attributes_still_raise_attribute_error():
@@ -448,6 +458,8 @@ def test_settings_a_cors_origin_no_browser_sends_is_refused(origin):
 
 UNKNOWN = [  # variable, the close name suggested (None: none)
     ("PLANTSTORE_DATABASE", "PLANTSTORE_DB"),
+    ("PLANTSTORE_DB_URL", "PLANTSTORE_DB"),
+    ("PLANTSTORE_DATABASE_URL", "PLANTSTORE_DB"),
     ("PLANTSTORE_TOKEN", "PLANTSTORE_TOKENS"),
     ("PLANTSTORE_WEBHOOK_URLS", "PLANTSTORE_WEBHOOK_URL"),
     ("PLANTSTORE_CORS_ORIGIN", "PLANTSTORE_CORS_ORIGINS"),
@@ -465,10 +477,14 @@ def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name,
         "HOME": "/root",
         "PLANTSTORE_TOKENS": TOKEN,
     }
-    [warning] = plantstore.unknown_settings(environ)
-    assert warning.startswith(f"{name} is not a plantstore setting, so it is ignored")
-    assert warning.endswith(f"; did you mean {close}?" if close else "ignored")
-    assert_secret_kept(warning)
+    refusal = plantstore.unknown_setting(environ)
+    assert refusal == f"{name} is not a plantstore setting" + (
+        f": did you mean {close}?" if close else ""
+    )
+    assert_secret_kept(refusal)
+    with pytest.raises(ValueError) as refused:
+        plantstore.app_from_environ(environ)
+    assert str(refused.value) == refusal
 
 
 # ---- Secrets from files (issue 45) ----
@@ -670,7 +686,7 @@ def test_secrets_gunicorn_with_two_workers_stops_on_a_bad_file_booting_each_once
     assert err.count("Booting worker") == 2, err
     assert "plantstore.py" not in err  # gunicorn's own traceback, if any: not ours
     lines = {line for line in err.splitlines() if "PLANTSTORE_DB" in line}
-    assert lines == {f"PLANTSTORE_DB_FILE: {path} {said}"}, err
+    assert lines == {f"plantstore: PLANTSTORE_DB_FILE: {path} {said}"}, err
 
 
 @pytest.mark.parametrize("server", ["python plantstore.py", "gunicorn"])
@@ -814,19 +830,22 @@ def test_secrets_a_misspelt_file_setting_is_named_with_the_one_it_may_mean(name,
     environ = {name: "/etc/plantstore/s3cr3t-pw", "PLANTSTORE_TOKENS": TOKEN}
     for known in FILE_SECRETS:
         environ[f"{known}_FILE"] = "/etc/plantstore/x"
-    assert plantstore.unknown_settings(environ) == [
-        f"{name} is not a plantstore setting, so it is ignored; did you mean {close}?"
-    ]
+    assert plantstore.unknown_setting(environ) == (
+        f"{name} is not a plantstore setting: did you mean {close}?"
+    )
 
 
-def test_secrets_python_plantstore_py_warns_of_plantstore_token_file(tmp_path):
+def test_secrets_python_plantstore_py_refuses_plantstore_token_file(tmp_path):
+    """A misspelt setting stops the start, though PLANTSTORE_TOKENS would serve: the
+    operator meant the file, and a start on the variable would not be what they set."""
     path = secret_file(tmp_path / "tokens", TOKEN)
     code, lines = run_plantstore(tmp_path, PLANTSTORE_TOKEN_FILE=str(path))
-    said = "".join(lines)
-    assert code is None, said  # PLANTSTORE_TOKENS serves; the misspelt one is named
-    assert (
-        "warning: PLANTSTORE_TOKEN_FILE is not a plantstore setting, so it is ignored; "
-        "did you mean PLANTSTORE_TOKENS_FILE?" in said
+    assert (code, lines) == (
+        2,
+        [
+            "plantstore: PLANTSTORE_TOKEN_FILE is not a plantstore setting: "
+            "did you mean PLANTSTORE_TOKENS_FILE?\n"
+        ],
     )
 
 
@@ -1076,17 +1095,27 @@ def test_settings_python_plantstore_py_never_shows_the_password(tmp_path, value)
         assert "plants in PostgreSQL postgresql://plant@127.0.0.1:1/plants" in said
 
 
-def test_settings_python_plantstore_py_names_its_sqlite_file_and_a_misspelt_variable(
-    tmp_path,
-):
-    code, lines = run_plantstore(
-        tmp_path, PLANTSTORE_DB="sqlite:///plants.db", PLANTSTORE_DATABASE="s3cr3t-pw"
-    )
+def test_settings_python_plantstore_py_names_its_sqlite_file(tmp_path):
+    code, lines = run_plantstore(tmp_path, PLANTSTORE_DB="sqlite:///plants.db")
     said = "".join(lines)
-    assert code is None and "PLANTSTORE_DATABASE" in said
-    assert f"plants in SQLite file {tmp_path}/plants.db" in said
-    assert_secret_kept(said)
+    assert code is None and f"plants in SQLite file {tmp_path}/plants.db" in said
     assert (tmp_path / "plants.db").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    "name", ["PLANTSTORE_DATABASE", "PLANTSTORE_DB_URL", "PLANTSTORE_DATABASE_URL"]
+)
+def test_settings_a_misspelt_db_stops_the_start_before_any_file(tmp_path, name):
+    """PLANTSTORE_DATABASE=plants.sqlite3 served from memory in 1.4.0, every plant
+    gone at the next restart: now the start stops, exit 2, with the name it meant,
+    and makes no file; the value, which may hold a password, is never said."""
+    code, lines = run_plantstore(tmp_path, **{name: "postgresql://u:s3cr3t-pw@h/db"})
+    meant = "PLANTSTORE_DB"
+    assert (code, lines) == (
+        2,
+        [f"plantstore: {name} is not a plantstore setting: did you mean {meant}?\n"],
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_umask(
