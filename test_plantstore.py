@@ -338,6 +338,16 @@ def test_mounted_under_a_prefix_answers_as_at_the_root(store):
     assert stored(store).get(1) == ("Moss", None)
 
 
+def test_mounted_under_a_prefix_a_404_names_the_routes_as_the_client_calls_them(store):
+    mounted = webtest.TestApp(
+        Application([TOKEN], store=store), extra_environ={"SCRIPT_NAME": "/api"}
+    )
+    message = mounted.get("/other", status=404, expect_errors=True).json["message"]
+    named = message.removeprefix("not found: the routes are ").split(", ")
+    assert named and all(route.startswith("/api/") for route in named), message
+    assert "/api/plants" in named and "/api/plants/{id}" in named
+
+
 def test_mounted_behind_a_dispatcher(store):
     """A parent app shifts /api off the path, as a real WSGI stack would."""
     parent = mounted_at_api(Application([TOKEN], store=store))

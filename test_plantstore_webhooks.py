@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import http.server
 import importlib.util
+import io
 import itertools
 import json
 import os
@@ -32,7 +33,7 @@ import webtest
 
 import plantstore
 from plantstore_postgres import PostgresStore
-from plantstore import SQLiteStore, make_app
+from plantstore import PlantStore, SQLiteStore, make_app
 from testbed import (
     AUTH,
     HERE,
@@ -44,6 +45,7 @@ from testbed import (
     WAIT,
     environ_without_tokens,
     first_retry_after,
+    free_port,
     over_http,
     post,
     post_over_http,
@@ -298,6 +300,156 @@ def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(
     delivered = sorted(plant["id"] for plant in back.delivered())
     # the first MB
     assert 10 <= len(delivered) <= 17 and delivered == list(range(len(delivered)))
+
+
+def raw_creates(application, ids):
+    """Create a plant for each id by calling the application as a server does, with no
+    test client between; return the seconds they took."""
+    started, statuses = time.perf_counter(), []
+
+    def start_response(status, _headers, _exc_info=None):
+        statuses.append(status)
+
+    for plant_id in ids:
+        body = b'{"id": %d, "name": "Fern", "tag": "indoor"}' % plant_id
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": "/plants",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(body)),
+            "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": sys.stderr,
+        }
+        b"".join(application(environ, start_response))
+        time.sleep(0)  # as a server waits for the next request: other threads run
+    assert set(statuses) == {"200 OK"}, statuses
+    return time.perf_counter() - started
+
+
+def fill_outbox(store, url, count):
+    """count events waiting for url, as the senders of earlier creates leave them."""
+    if store is None:
+        return  # the in-memory outbox: filled by creates, below
+    with contextlib.closing(sqlite3.connect(store.path)) as db, db:
+        db.executemany(
+            "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
+            " VALUES (?, ?, x'7b7d', 0, ?)",
+            [(url, f"msg_{n}", time.time()) for n in range(count)],
+        )
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+def test_a_create_costs_what_it_costs_with_none_waiting_when_the_outbox_is_full(
+    store_kind, tmp_path, webhook_app
+):
+    """A receiver down, and WebhookSender.MAX_WAITING events waiting for it (the
+    in-memory outbox's bound; as many in SQLite's, as a guard): a create costs at
+    most twice what it costs with none waiting, at the bound and just under it. (In
+    1.4.0 every create woke a count of the whole outbox, under the lock that a create
+    takes: at 10,000 events each create waited for it.)"""
+    down = f"http://127.0.0.1:{free_port()}/plant/webhook"
+    bound = plantstore.WebhookSender.MAX_WAITING
+    applications = []
+    for name in "empty", "full":
+        store = SQLiteStore(tmp_path / f"{name}.sqlite3")
+        if store_kind == "memory":
+            store = None
+        applications.append(webhook_app(store, down).app)
+        if name == "full":  # just under the bound: the next creates are written
+            fill_outbox(store, down, bound - 1000)
+            if store is None:
+                raw_creates(applications[-1], range(10**6, 10**6 + bound - 1000))
+    batches = {"empty": [], "full": []}
+    for batch in range(10):  # in turns, so that a busy moment hits both alike
+        ids = range(batch * 100, batch * 100 + 100)
+        for name, application in zip(batches, applications, strict=True):
+            batches[name].append(raw_creates(application, ids))
+    if store_kind == "memory":  # at the bound: each create's event is refused
+        raw_creates(applications[1], range(2 * 10**6, 2 * 10**6 + 1000))
+        at_bound = [
+            raw_creates(applications[1], range(n, n + 100))
+            for n in range(3 * 10**6, 3 * 10**6 + 1000, 100)
+        ]
+        assert min(at_bound) <= 2 * min(batches["empty"]), (at_bound, batches)
+    print(
+        f"{store_kind}: creates/s with none waiting {100 / min(batches['empty']):.0f},"
+        f" with {bound - 1000}+ waiting {100 / min(batches['full']):.0f}"
+    )
+    assert min(batches["full"]) <= 2 * min(batches["empty"]), batches
+
+
+def test_the_outbox_in_memory_holds_max_waiting_events_and_says_once_it_drops_more(
+    store, webhook_app, receiver, monkeypatch, caplog
+):
+    monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING", 50)
+    hook = receiver()
+    port = hook.server.server_address[1]
+    hook.stop()
+    application = webhook_app(store, hook.url)
+    for plant_id in range(60):
+        post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+    dropped = [line for line in caplog.messages if "events are dropped" in line]
+    assert len(dropped) == 1 and "50 events" in dropped[0], dropped
+    read = read_metrics(application.get("/metrics", headers=AUTH).text)
+    assert read["plantstore_webhook_events_waiting"] == {hook.url[:-14]: 50}
+    back = receiver(port)
+    assert sorted(plant["id"] for plant in back.wait_for(50)) == list(range(50))
+    post(application, {"id": 60, "name": "p60"}, 200)  # room again: it goes
+    assert back.wait_for(51)[-1]["id"] == 60
+
+
+def test_a_failing_receiver_is_said_once_and_once_more_when_it_takes_events_again(
+    store, webhook_app, receiver, caplog
+):
+    """Refused attempt after attempt: one line, with its origin and what waits; back:
+    one more. Never a line an attempt, nor the URL's path or query."""
+    hook = receiver()
+    port = hook.server.server_address[1]
+    hook.stop()
+    url = f"http://127.0.0.1:{port}/in/SECRET-PATH?key=SECRET-QUERY"
+    application = webhook_app(store, url)
+    for plant_id in range(3):
+        post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+    origin = f"http://127.0.0.1:{port}"
+    wait_until(lambda: "fails" in caplog.text, "the failing receiver was not said")
+    time.sleep(1)  # probes and retries meanwhile: each refused, none said
+    back = receiver(port)
+    back.wait_for(3)
+    wait_until(lambda: "again" in caplog.text, "the receiver's return was not said")
+    lines = [line for line in caplog.messages if "webhook receiver" in line]
+    assert lines == [
+        f"the webhook receiver {origin} fails (no answer); 3 events wait for it",
+        f"the webhook receiver {origin} takes events again; 2 wait for it",
+    ] or lines == [
+        f"the webhook receiver {origin} fails (no answer); 3 events wait for it",
+        f"the webhook receiver {origin} takes events again; 0 wait for it",
+    ], lines
+    assert "SECRET" not in caplog.text
+
+
+def test_close_delivers_the_events_waiting_in_memory_first(store, receiver, caplog):
+    """A host that ends right after its creates: close() waits, within
+    WebhookSender.CLOSE_SECONDS, for a receiver that is up; for one that fails, not."""
+    hook = receiver()
+    hook.delay = 0.2  # each delivery takes a moment
+    application = make_app(
+        [TOKEN], store=store, webhook_urls=[hook.url], webhook_secret=SECRET
+    )
+    client = webtest.TestApp(application)
+    for plant_id in range(6):
+        post(client, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+    application.webhook_sender.close()
+    assert sorted(plant["id"] for plant in hook.delivered()) == list(range(6))
+    hook.stop()  # now down: close() waits for no receiver that fails
+    application = make_app(
+        [TOKEN], store=PlantStore(), webhook_urls=[hook.url], webhook_secret=SECRET
+    )
+    post(webtest.TestApp(application), {"id": 1, "name": "Fern"}, 200)
+    wait_until(lambda: "fails" in caplog.text, "the receiver was never tried")
+    closing = time.monotonic()
+    application.webhook_sender.close()
+    assert time.monotonic() - closing < plantstore.WebhookSender.CLOSE_SECONDS
 
 
 def test_a_410_ends_deliveries_to_that_url_only(store, webhook_app, receiver, caplog):
@@ -582,10 +734,7 @@ def test_edges_a_garbage_receiver_is_retried_on_schedule_given_up_and_holds_up_n
     assert sorted(plant["id"] for plant in healthy.wait_for(3)) == [1, 2, 3]
     logged = []
     wait_until(
-        lambda: (
-            logged.append(caplog.text)
-            or logged[-1].count("is given up") == 3
-        ),
+        lambda: logged.append(caplog.text) or logged[-1].count("is given up") == 3,
         "a delivery to the garbage receiver was never given up",
         10,
     )
