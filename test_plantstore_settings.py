@@ -539,6 +539,10 @@ def make_bad_file(kind, name, path, env):
     if kind == "not-utf-8":
         secret_file(path, b"\xff\xfe" + secret.encode() + b"\n")
         return "is not UTF-8 text"
+    if kind == "1-gib":  # sparse: no disk spent, and none of it may be read whole
+        secret_file(path, secret + "\n")
+        os.truncate(path, 2**30)
+        return "is over 64 KiB, more than any setting"
     assert kind == "an-sqlite-database"
     with contextlib.closing(sqlite3.connect(path)) as database:
         database.execute("CREATE TABLE plants (id INTEGER PRIMARY KEY)")
@@ -549,7 +553,15 @@ def make_bad_file(kind, name, path, env):
 FILE_REFUSALS = [
     (name, kind)
     for name in FILE_SECRETS
-    for kind in ["both-ways", "missing", "empty", "unreadable", "folder", "not-utf-8"]
+    for kind in [
+        "both-ways",
+        "missing",
+        "empty",
+        "unreadable",
+        "folder",
+        "not-utf-8",
+        "1-gib",
+    ]
 ] + [("PLANTSTORE_DB", "an-sqlite-database")]
 
 
@@ -665,6 +677,132 @@ def test_secrets_gunicorn_prints_the_same_line_and_stops_booting_no_worker_again
     err = process.stderr.read()
     assert err.count("Booting worker") == 1, err
     assert_refused_in_one_line(err, name, path, said)
+
+
+# python plantstore.py, run so that the process says the most memory it ever held
+PEAK_MEMORY = (
+    "import resource, runpy, sys\n"
+    "sys.argv = ['plantstore.py', '--port', '0']\n"
+    "try:\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "finally:\n"
+    "    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "name, header, said",
+    [
+        ("PLANTSTORE_DB", b"SQLite format 3\0", "is an SQLite database"),
+        ("PLANTSTORE_TOKENS", b"", "is over 64 KiB"),
+    ],
+)
+def test_secrets_a_file_of_a_gib_is_refused_having_read_64_kib(
+    tmp_path, name, header, said
+):
+    """A setting's file is read 64 KiB at most: a 1 GiB one (a database named where
+    its address should be, a log given by mistake) is refused at once, the process
+    holding no more than Python's own and a little (read whole, it took 2 GiB)."""
+    path = tmp_path / "big"
+    path.write_bytes(header)
+    os.truncate(path, 2**30)
+    env = {**environ_without_tokens(), f"{name}_FILE": str(path)}
+    if name != "PLANTSTORE_TOKENS":
+        env["PLANTSTORE_TOKENS"] = TOKEN
+    ran = subprocess.run(
+        [sys.executable, "-c", PEAK_MEMORY],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr == f"plantstore: {name}_FILE: {path} {said}" + (
+        f": set {name} to its path instead\n" if header else ", more than any setting\n"
+    )
+    assert int(ran.stdout) < 200 * 1024, f"{ran.stdout} KiB at most"
+
+
+def test_secrets_a_fifo_that_no_one_writes_is_refused_within_its_bound(
+    tmp_path, monkeypatch
+):
+    """A FIFO named by mistake, that no one will write, holds the start up
+    SETTING_FILE_SECONDS at most (5 s; shortened here), then is refused in a line."""
+    monkeypatch.setattr(plantstore, "SETTING_FILE_SECONDS", 0.3)
+    fifo = tmp_path / "tokens"
+    os.mkfifo(fifo)
+    environ = {"PLANTSTORE_TOKENS_FILE": str(fifo)}
+    started = time.monotonic()
+    with pytest.raises(ValueError) as refused:
+        plantstore.setting(environ, "PLANTSTORE_TOKENS")
+    assert time.monotonic() - started < WAIT
+    assert str(refused.value) == (
+        f"PLANTSTORE_TOKENS_FILE: {fifo} gave nothing to read within 0.3 s"
+    )
+
+
+@pytest.mark.parametrize("given", ["bash-process-substitution", "kubernetes-secret"])
+def test_secrets_a_pipe_and_a_mounted_secret_are_read(spawn, tmp_path, given):
+    """bash's <(pass show ...) is a pipe, read as its writer writes it (a moment
+    late here); Kubernetes mounts a secret as a symlink, through ..data, to a file."""
+    env = environ_without_tokens(TEST_TOKEN=TOKEN)
+    if given == "kubernetes-secret":
+        (tmp_path / "..2026_11_27").mkdir()
+        secret_file(tmp_path / "..2026_11_27" / "tokens", TOKEN + "\n")
+        (tmp_path / "..data").symlink_to("..2026_11_27")
+        (tmp_path / "tokens").symlink_to("..data/tokens")
+        command = f"PLANTSTORE_TOKENS_FILE={tmp_path}/tokens"
+    else:  # the token from the environment, never on a command line
+        command = 'PLANTSTORE_TOKENS_FILE=<(sleep 0.5; printf "%s\\n" "$TEST_TOKEN")'
+    process = spawn(
+        ["bash", "-c", f"{command} exec {sys.executable} plantstore.py --port 0"], env
+    )
+    host, port = (
+        Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    )
+    assert (
+        over_http(host, port, TOKEN, "POST", "/plants", {"id": 1, "name": "F"})[0]
+        == 200
+    )
+
+
+def test_secrets_a_tokens_file_with_a_byte_order_mark_is_read(tmp_path):
+    """Notepad saves UTF-8 with a byte-order mark first: no part of the token."""
+    path = secret_file(tmp_path / "tokens", "\ufeff" + TOKEN + "\r\n")
+    assert plantstore.tokens_from_environ({"PLANTSTORE_TOKENS_FILE": str(path)}) == [
+        TOKEN
+    ]
+
+
+@pytest.mark.parametrize(
+    "name, content, said",
+    [
+        ("PLANTSTORE_TOKENS", "short\n", ": each token must be at least 16 characters"),
+        ("PLANTSTORE_DB", "postgresql://u:s3cr3t-pw@h:x/db", ": each port must be"),
+        ("PLANTSTORE_WEBHOOK_SECRET", "whsec_short", " must be whsec_ followed by"),
+    ],
+)
+def test_secrets_a_refused_value_read_from_a_file_names_the_file(
+    tmp_path, name, content, said
+):
+    path = secret_file(tmp_path / "setting", content)
+    env = {**environ_without_tokens(), f"{name}_FILE": str(path)}
+    if name != "PLANTSTORE_TOKENS":
+        env["PLANTSTORE_TOKENS"] = TOKEN
+    if name == "PLANTSTORE_WEBHOOK_SECRET":
+        env["PLANTSTORE_WEBHOOK_URL"] = "http://hooks.example/"
+    ran = subprocess.run(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert ran.returncode == 2 and ran.stderr.count("\n") == 1, ran.stderr
+    assert ran.stderr.startswith(f"plantstore: {name}_FILE ({path}){said}"), ran.stderr
+    assert_secret_kept(ran.stderr)
 
 
 def test_secrets_gunicorn_with_two_workers_stops_on_a_bad_file_booting_each_once(
