@@ -2537,8 +2537,8 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         """Stop accepting, and wait up to client_timeout for the requests in flight."""
         self.server_close()  # closed before it is said: no connection comes after
         _log(
-            f"stopping: answering the {self.in_flight} requests under way, for "
-            f"{self.client_timeout} s at most, and accepting no new ones"
+            "stopping: accepting no new requests, and answering those under way "
+            f"({self.in_flight}) for {self.client_timeout} s at most"
         )
         with self.request_ended:
             self.request_ended.wait_for(lambda: not self.in_flight, self.client_timeout)

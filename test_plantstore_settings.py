@@ -115,7 +115,7 @@ def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exit
         in_flight.sendall(raw_request(body)[:-10])
         time.sleep(0.3)
         process.send_signal(signal.SIGTERM)
-        err.until("stopping")
+        err.until(r"stopping: .* answering those under way \(1\) for 10 s at most")
         with pytest.raises(OSError):  # no new connection is accepted meanwhile
             socket.create_connection((host, int(port)), timeout=WAIT).close()
         in_flight.sendall(body[-10:])
@@ -140,17 +140,55 @@ def test_python_plantstore_py_uses_plantstore_tokens(spawn):
     assert "new token" not in rest and TOKEN not in rest and OTHER_TOKEN not in rest
 
 
-def test_python_plantstore_py_reports_a_port_in_use_in_one_line(spawn):
+def test_python_plantstore_py_reports_a_port_in_use_in_one_line_and_makes_no_file(
+    spawn, tmp_path
+):
+    """The port is taken before the store opens: the SQLite file, its -writers and
+    -writers-bell are not made for a start that cannot serve."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         process = spawn(
             [sys.executable, "plantstore.py", "--port", str(taken.getsockname()[1])],
-            environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
+            environ_without_tokens(
+                PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(tmp_path / "p.sqlite3")
+            ),
         )
         assert process.wait(WAIT) == 2
     err = process.stderr.read()
-    assert "cannot listen on 127.0.0.1" in err and "Traceback" not in err
+    assert err.count("\n") == 1 and "cannot listen on 127.0.0.1" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_plantstore_py_ends_at_a_second_ctrl_c_a_second_after_the_first(
+    spawn,
+):
+    """The first Ctrl-C stops it gently: it waits for the request under way (a client
+    stalls its body here). One that comes with it (a terminal's double press) changes
+    nothing; one a second or more later ends the process at once, 130, the request
+    cut."""
+    process = spawn(
+        [sys.executable, "plantstore.py", "--port", "0"],
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    body = b'{"id": 1, "name": "Fern"}'
+    with socket.create_connection((host, int(port)), timeout=WAIT) as stalled:
+        stalled.sendall(raw_request(body)[:-10])
+        time.sleep(0.3)  # the request is under way
+        process.send_signal(signal.SIGINT)
+        err.until(r"answering those under way \(1\)")
+        process.send_signal(signal.SIGINT)  # with the first: nothing more
+        time.sleep(1.2)
+        assert process.poll() is None  # still waiting for the stalled request
+        process.send_signal(signal.SIGINT)
+        assert process.wait(WAIT) == 130
+        try:  # cut, unanswered: closed, or reset if it had bytes unread
+            assert stalled.recv(65536) == b""
+        except ConnectionResetError:
+            pass
+    assert "Traceback" not in err.rest()
 
 
 @pytest.mark.parametrize(
