@@ -87,11 +87,14 @@ from testbed import (
 
 
 def test_health_is_503_with_retry_after_while_postgres_is_away(postgres, pg_url):
+    """/health is readiness: it asks the database. /livez is liveness: it does not, so
+    an orchestrator restarts no process for an outage of the database."""
     app = webtest.TestApp(make_app([TOKEN], store=PostgresStore(pg_url)))
     app.get("/health", status=200)
     postgres.stop()
     try:
         response = app.get("/health", status=503, expect_errors=True)
+        assert app.get("/livez", status=200).json == {"status": "ok"}
     finally:
         postgres.start()
     assert_unavailable(response)
@@ -1441,6 +1444,40 @@ def grant_the_tables(limited_role):
                 "GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO {}"
             ).format(sql.Identifier(limited_role["role"]))
         )
+
+
+@pytest.mark.parametrize("wrong", ["password", "database", "role"])
+@pytest.mark.parametrize("server", ["python plantstore.py", "gunicorn"])
+def test_settings_a_database_that_refuses_for_good_stops_the_start(
+    limited_role, spawn, wrong, server
+):
+    """A wrong password, a database or a role that does not exist: no retry mends it,
+    so the start stops in one line, with no password, rather than serve 503s; under
+    gunicorn, the master stops. A database merely away still starts (the tests of
+    outages)."""
+    url = {
+        "password": limited_role["url"].replace(limited_role["password"], "wrong-pw"),
+        "database": limited_role["url"] + "-none",
+        "role": limited_role["url"].replace(f"//{limited_role['role']}:", "//nobody:"),
+    }[wrong]
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url)
+    command = [sys.executable, "plantstore.py", "--port", "0"]
+    if server == "gunicorn":
+        command = [sys.executable, "-m", "gunicorn", "-b", "127.0.0.1:0"]
+        command += ["plantstore:app"]
+    process = spawn(command, env)
+    assert process.wait(WAIT) == (2 if server == "python plantstore.py" else 4)
+    said = [
+        line
+        for line in process.stderr.read().splitlines()
+        if line.startswith("plantstore:")
+    ]
+    assert len(said) == 1 and "PostgreSQL refuses the connection" in said[0], said
+    assert said[0].startswith("plantstore: PLANTSTORE_DB: PostgreSQL postgresql://")
+    assert {"password": "password authentication failed", "role": "nobody"}.get(
+        wrong, "does not exist"
+    ) in said[0]
+    assert limited_role["password"] not in said[0] and "wrong-pw" not in said[0]
 
 
 def test_settings_a_role_without_create_on_public_is_refused_in_one_line(
