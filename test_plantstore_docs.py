@@ -395,6 +395,35 @@ def test_the_tour_quotes_plantstore_as_it_stands():
             )
 
 
+TOUR_EXAMPLE_NAMES = {"getPlant"}  # the operation "Adding a route" adds, in a copy
+
+
+def test_the_tour_names_what_plantstore_has():
+    """The names the tour's sentences give in backquotes, between its quotes, are still
+    the code's: `Class.method` where Class is plantstore's resolves, and a name written
+    as code names are (snake_case, CamelCase, CONSTANT) is plantstore's, or found in
+    plantstore.py, plantstore_postgres.py or a test file; so that a renamed function
+    fails here, named by line, as a changed line fails the test above."""
+    code = "\n".join(
+        path.read_text(encoding="utf-8") for path in HERE.glob("*plantstore*.py")
+    )
+    code_like = re.compile(r"_?[a-z]+_\w+|_?[A-Za-z][a-z0-9]+[A-Z]\w*|[A-Z][A-Z0-9_]+")
+    for where, said in doc_matches("docs/tour.md", r"`([A-Za-z_][\w.]*)(?:\(\))?`"):
+        name = said[1]
+        first, *rest = name.split(".")
+        if rest and hasattr(plantstore, first):
+            found = functools.reduce(
+                lambda at, part: getattr(at, part, None),
+                rest,
+                getattr(plantstore, first),
+            )
+            assert found is not None, f"{where}: plantstore has no {name}"
+        elif not rest and code_like.fullmatch(name) and name not in TOUR_EXAMPLE_NAMES:
+            assert hasattr(plantstore, name) or re.search(
+                rf"(?<!\w){re.escape(name)}(?!\w)", code
+            ), f"{where}: plantstore.py has no {name}"
+
+
 # ---- The benchmark still runs (a smoke run, tiny counts; speed is not asserted) ----
 
 
