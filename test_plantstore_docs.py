@@ -1,9 +1,9 @@
 """The docs say what the code does: each test reads a table or a sentence of README.md
-or docs/ (the routes, the settings, signatures and their defaults, the README's store
-example run as pasted, numbers tied to a constant, the retry schedule, the limits,
-Retry-After, the CORS headers, the tour's quotes of plantstore.py) and asks
-plantstore.py, the app, a signature or --help the same thing, so that a stale line
-fails, named by file:line. And the benchmarks still run (smoke runs)."""
+or docs/ (what every route answers, the settings, signatures and their defaults, the
+README's store example run as pasted, numbers tied to a constant, the retry schedule,
+the limits, Retry-After, the CORS headers, the tour's quotes and names of plantstore.py)
+and asks plantstore.py, the app, a signature or --help the same thing, so that a stale
+line fails, named by file:line. And the benchmarks still run (smoke runs)."""
 
 import ast
 import functools
@@ -66,30 +66,46 @@ def served_document():
     return webtest.TestApp(make_app([TOKEN])).get("/openapi.json", status=200).json
 
 
-def test_http_md_route_table_is_the_app_s():
-    """The one table of the routes: each route's operations and their operationIds, its
-    Allow and whether it needs the token, as Application.routes declares them and the
-    app serves them; and the webhook the document lists beside them."""
+def test_http_md_s_rules_hold_for_every_route():
+    """docs/http.md lists no route: it says what holds for every one, and this holds
+    each route to it, read from the app and the document it serves, not from a list.
+    Allow is the route's methods (the document's, and the app's), OPTIONS, and HEAD
+    where GET; an operation needs the token unless the document says `security: []`;
+    and the webhook the document lists beside the routes is the one http.md names."""
     application, document = make_app([TOKEN]), served_document()
-    rows = doc_table("docs/http.md", "## The routes and their methods")
-    for where, (route, operations, allow, token, *_) in rows:
-        route, allow, declared = route.strip("`"), allow.strip("`"), {}
-        assert route in application.routes, f"{where}: the app has no route {route}"
-        for method, (_, operation_id, needs) in application.routes[route].items():
-            declared[method] = operation_id
-            served = document["paths"][route][method.lower()]["operationId"]
-            assert served == operation_id, f"{where}: the document says {served}"
-            said = {"needed": True, "none": False}.get(token)
-            assert said == needs, f"{where}: {method} {route} needs a token: {needs}"
-        said = dict(re.findall(r"`([A-Z]+)` \((\w+)\)", operations))
-        assert said == declared, f"{where}: {route}'s operations are {declared}"
-        url = route.replace("{id}", "1")
-        sent = webtest.TestApp(application).options(url).headers["Allow"]
-        assert allow == sent, f"{where}: Allow is {sent}"
-        rule = {*declared, "OPTIONS", *(["HEAD"] if "GET" in declared else [])}
-        assert allow == ", ".join(sorted(rule)), f"{where}: OPTIONS, HEAD with GET"
-    listed, routes = {cells[0].strip("`") for _, cells in rows}, set(application.routes)
-    assert listed == routes, f"docs/http.md's routes: the app has {sorted(routes)}"
+    asked = webtest.TestApp(application)
+    where, _ = doc_find(
+        "docs/http.md",
+        r"\*\*Allow\*\*, on `OPTIONS` and on a 405: the route's methods, `OPTIONS`, "
+        r"and `HEAD` where it has `GET`",
+    )
+    operations = {(m, path): op for m, path, op in operations_of(document)}
+    paths = set(application.routes) | set(document["paths"])
+    for path in sorted(paths):
+        methods = {m for m, at in operations if at == path}
+        assert methods == set(application.routes.get(path, ())), (
+            f"{path}: the document has {sorted(methods)}, the app "
+            f"{sorted(application.routes.get(path, ()))}"
+        )
+        rule = {*methods, "OPTIONS", *(["HEAD"] if "GET" in methods else [])}
+        sent = asked.options(path.replace("{id}", "1"), status=204).headers["Allow"]
+        assert sent == ", ".join(sorted(rule)), f"{where}: {path}'s Allow is {sent}"
+    where, _ = doc_find(
+        "docs/http.md",
+        r"needs the bearer token unless its entry in the document says "
+        r"`\"security\": \[\]`",
+    )
+    for (method, path), operation in operations.items():
+        if path not in document["paths"]:  # the webhook, which the service sends
+            continue
+        needs = operation.get("security", document["security"]) != []
+        for asked_with in [method, *(["HEAD"] if method == "GET" else [])]:
+            got = asked.request(
+                path.replace("{id}", "1"), method=asked_with, expect_errors=True
+            )
+            assert (got.status_int == 401) == needs, (
+                f"{where}: {asked_with} {path} without a token is {got.status}"
+            )
     where, said = doc_find("docs/http.md", r"the service sends, `POST ([^`]+)` \((\w+)")
     sent = document["webhooks"][said[1]]["post"]["operationId"]
     assert sent == said[2], f"{where}: the webhook's operationId is {sent}"
@@ -393,6 +409,35 @@ def test_the_tour_quotes_plantstore_as_it_stands():
                 f"{said} joins places of plantstore.py into what reads as one: "
                 "quote each in a block of its own, introduced by where it is"
             )
+
+
+TOUR_EXAMPLE_NAMES = {"getPlant"}  # the operation "Adding a route" adds, in a copy
+
+
+def test_the_tour_names_what_plantstore_has():
+    """The names the tour's sentences give in backquotes, between its quotes, are still
+    the code's: `Class.method` where Class is plantstore's resolves, and a name written
+    as code names are (snake_case, CamelCase, CONSTANT) is plantstore's, or found in
+    plantstore.py, plantstore_postgres.py or a test file; so that a renamed function
+    fails here, named by line, as a changed line fails the test above."""
+    code = "\n".join(
+        path.read_text(encoding="utf-8") for path in HERE.glob("*plantstore*.py")
+    )
+    code_like = re.compile(r"_?[a-z]+_\w+|_?[A-Za-z][a-z0-9]+[A-Z]\w*|[A-Z][A-Z0-9_]+")
+    for where, said in doc_matches("docs/tour.md", r"`([A-Za-z_][\w.]*)(?:\(\))?`"):
+        name = said[1]
+        first, *rest = name.split(".")
+        if rest and hasattr(plantstore, first):
+            found = functools.reduce(
+                lambda at, part: getattr(at, part, None),
+                rest,
+                getattr(plantstore, first),
+            )
+            assert found is not None, f"{where}: plantstore has no {name}"
+        elif not rest and code_like.fullmatch(name) and name not in TOUR_EXAMPLE_NAMES:
+            assert hasattr(plantstore, name) or re.search(
+                rf"(?<!\w){re.escape(name)}(?!\w)", code
+            ), f"{where}: plantstore.py has no {name}"
 
 
 # ---- The benchmark still runs (a smoke run, tiny counts; speed is not asserted) ----
