@@ -32,6 +32,7 @@ from plantstore_postgres import PostgresStore
 from plantstore import MAX_BODY_BYTES, SQLiteStore, make_app
 from testbed import (
     AUTH,
+    HERE,
     Creates,
     Lines,
     OUTAGE_BACK_BOUND,
@@ -46,10 +47,12 @@ from testbed import (
     cluster_pids,
     environ_without_tokens,
     exchange,
+    free_port,
     in_threads,
     listed_ids,
     make_read_only,
     over_http,
+    plantstore_1_4_0,
     post,
     post_over_http,
     read_database,
@@ -305,6 +308,69 @@ def test_sqlite_acknowledges_nothing_into_a_file_deleted_or_replaced(tmp_path, c
         assert_unavailable(
             app.get("/plants", headers=AUTH, status=503, expect_errors=True)
         )
+
+
+def test_a_line_a_request_causes_names_its_request_id(tmp_path, caplog):
+    """The outage a create finds, and its end that a later create finds, are each
+    logged once, naming the request that found it: its X-Request-ID, the client's own
+    or the one made for it."""
+    path = tmp_path / "plants.sqlite3"
+    app = webtest.TestApp(make_app([TOKEN], store=SQLiteStore(path)))
+    make_read_only(path, True)
+    try:
+        refused = post(app, {"id": 1, "name": "Fern"}, 503)
+    finally:
+        make_read_only(path, False)
+    headers = {**AUTH, "X-Request-ID": "client-id-7"}
+    post(app, {"id": 1, "name": "Fern"}, 200, headers=headers)
+    said = [m for m in caplog.messages if "unavailable" in m or "reachable" in m]
+    made = refused.headers["X-Request-ID"]
+    assert len(said) == 2 and said[0].endswith(f" (request {made})"), said
+    assert said[1] == f"the SQLite file {path} is reachable again (request client-id-7)"
+
+
+def test_a_1_4_0_sqlite_file_is_upgraded_in_place_and_1_4_0_still_serves_it(
+    spawn, tmp_path, receiver
+):
+    """A file made by 1.4.0, its own code, events waiting for a receiver that is
+    down: this release adds the index its sender claims through (plant_events_claims)
+    at start, serves every plant, and delivers every event once the receiver is up;
+    1.4.0 then serves the upgraded file again (a rollback)."""
+    old = plantstore_1_4_0(tmp_path / "1.4.0")
+    path, down = tmp_path / "plants.sqlite3", free_port()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=str(path),
+        PLANTSTORE_WEBHOOK_URL=f"http://127.0.0.1:{down}/plant/webhook",
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+
+    def serve(script):
+        process = spawn([sys.executable, str(script), "--port", "0"], env)
+        err = Lines(process.stderr)
+        return process, *err.until(r"listening on http://([\d.]+):(\d+)/").groups()
+
+    process, host, port = serve(old)
+    for plant_id in 1, 2, 3:
+        document = {"id": plant_id, "name": f"plant {plant_id}"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 200
+    stop_service(process)
+    index = "SELECT count(*) FROM sqlite_master WHERE name = 'plant_events_claims'"
+    assert read_database(str(path), index) == [(0,)]
+
+    process, host, port = serve(HERE / "plantstore.py")
+    assert read_database(str(path), index) == [(1,)]
+    assert listed_ids(host, port) == [1, 2, 3]
+    assert post_over_http(host, port, TOKEN, {"id": 4, "name": "plant 4"})[0] == 200
+    hook = receiver(down)
+    assert sorted(event["id"] for event in hook.wait_for(4)) == [1, 2, 3, 4]
+    stop_service(process)
+
+    process, host, port = serve(old)  # rolled back: 1.4.0 serves the file as it is
+    assert listed_ids(host, port) == [1, 2, 3, 4]
+    assert post_over_http(host, port, TOKEN, {"id": 5, "name": "plant 5"})[0] == 200
+    assert hook.wait_for(5)[-1]["id"] == 5
+    stop_service(process)
 
 
 def test_sqlite_names_a_missing_directory(tmp_path):

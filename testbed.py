@@ -1352,6 +1352,29 @@ def plantstore_1_3_0(folder):
     return path
 
 
+RELEASE_1_4_0 = "ab8de6f"  # the commit of 1.4.0, the last release
+
+
+def plantstore_1_4_0(folder):
+    """1.4.0's plantstore.py and plantstore_postgres.py, from the repository's history,
+    written into folder; return the path of its plantstore.py."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in "plantstore.py", "plantstore_postgres.py":
+        shown = subprocess.run(
+            ["git", "-C", str(HERE), "show", f"{RELEASE_1_4_0}:{name}"],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        assert shown.returncode == 0, (
+            f"1.4.0's code comes from the repository's history (git show "
+            f"{RELEASE_1_4_0}:{name}): {shown.stderr}"
+        )
+        (folder / name).write_text(shown.stdout)
+    assert '\n__version__ = "1.4.0"\n' in (folder / "plantstore.py").read_text()
+    return folder / "plantstore.py"
+
+
 def event_columns(db):
     """The columns of plant_events, in the SQLite file or the PostgreSQL database."""
     if db.startswith("postgresql://"):
