@@ -1,6 +1,6 @@
 """The Plant Store API in one file, on the Python standard library alone: a WSGI
-application (PEP 3333) that adds, lists and deletes plants for clients that hold a
-bearer token, and answers every error in JSON.
+application (PEP 3333) that keeps plants for the clients that hold a bearer token, and
+answers every error in JSON.
 
 It runs in three ways:
 
@@ -28,15 +28,16 @@ threads, or set PLANTSTORE_DB and run several.
 #     Reading a request     the token, the body, strict JSON, a NewPlant, a page's query
 #     The store             Store, the interface; MemoryStore, a dict under a lock
 #     Writing an answer     the Plant and Error shapes, a listing streamed page by page
-#     The application      operation(), a route's declaration; Application, its handlers
+#     The application       operation() declares a route; Application, its handlers
 #   Optional parts
 #     Accelerators          PlantStore and the usual body's fast read, for make_app
 #     Operator lines        the logger "plantstore", which every part below writes to
 #     Background work       plantstore's threads, by one rule
 #     The SQL stores        SQLiteStore here, PostgreSQL beside; uses background work
-#     Webhooks              WebhookSender and its outbox; uses the SQL stores
+#     Origins               browser_origin(): an origin as a browser writes it
+#     Webhooks              WebhookSender and its outbox; uses the SQL stores, origins
 #     Metrics and probes    GET /metrics and GET /livez; uses webhooks
-#     CORS                  with_cors(), a WSGI wrapper around the application
+#     CORS                  with_cors(), a WSGI wrapper; uses origins
 #     The OpenAPI document  GET /openapi.json, each operation by its operationId
 #     The embedded server   make_server(): wsgiref, threaded, with timeouts
 #     The assembly          make_app(), the settings, `app`, main(); uses all of them
@@ -61,7 +62,7 @@ MIN_TOKEN_LENGTH = 16  # characters; a shorter token can be guessed
 MAKE_A_TOKEN = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 PAGE_MAX = 1000  # plants in a page; a listing without `limit` streams such pages
 JSON_TYPE = "application/json"
-JSON = (("Content-Type", JSON_TYPE),)  # the headers of a JSON answer
+JSON_HEADERS = (("Content-Type", JSON_TYPE),)  # those of an answer in JSON
 INT64_MIN, INT64_MAX, INT32_MAX = -(2**63), 2**63 - 1, 2**31 - 1
 # a client's X-Request-ID, kept if it is safe to echo and to log; else one is made
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -117,9 +118,11 @@ def check_bearer(environ, tokens):
 def read_body(environ, limit):
     """Return the body, refusing a wrong media type or a body over the limit unread."""
     media_type = environ.get("CONTENT_TYPE", "")
-    if media_type != JSON_TYPE:  # as clients send it, else read: its parameters, case
-        media_type = media_type.partition(";")[0].strip().lower()
-    if media_type != JSON_TYPE:  # whole: text/plain;application/json is not JSON
+    # as clients send it, or once its parameters and case are set aside; whole:
+    # text/plain;application/json is not JSON
+    if media_type != JSON_TYPE and (
+        media_type.partition(";")[0].strip().lower() != JSON_TYPE
+    ):
         raise HTTPError(
             415, "send Content-Type: application/json", headers=[("Accept", JSON_TYPE)]
         )
@@ -272,7 +275,8 @@ def page_cursor(seq):
 class Store:
     """What the application asks of a store: subclass it, or give any object add, page
     and delete (or add, list and delete: PagesFromList reads that). `tag` is None for
-    no tag. A store whose database is away raises HTTPError(503, ...)."""
+    no tag. A store whose database is away raises HTTPError(503, ...). One may also
+    have ping(), the health check's cheap question, which raises the same."""
 
     def add(self, plant_id, name, tag):
         """Store a plant; return True, or False if its id is taken: never overwrite."""
@@ -314,8 +318,8 @@ class MemoryStore(Store):
     """The core's store: the plants in a dict, in the order they came, under a lock.
 
     A page walks past the plants before it, so its cost grows with where it starts:
-    under a millisecond at 10,000 plants, tens of milliseconds at a million, where
-    make_app's PlantStore, whose pages cost what they hold, is the store to use."""
+    under a millisecond at 10,000 plants, tens of milliseconds at a million; past that,
+    use a store whose pages cost what they hold (make_app's does)."""
 
     def __init__(self):
         self._plants = {}  # id: (seq, name, tag), oldest first
@@ -379,11 +383,11 @@ def operation(method, path, *, token=True):
     """Declare a handler's route. Its name is its operationId in the OpenAPI document,
     and `token` says whether it needs the bearer token."""
 
-    def declare(handler):
+    def mark(handler):
         handler.route = method, path, token
         return handler
 
-    return declare
+    return mark
 
 
 def checked_tokens(tokens):
@@ -412,10 +416,10 @@ class Application:
     """The Plant Store API as a WSGI application (PEP 3333), for the given tokens.
 
     Its operations are the methods declared with operation(); declare() adds another's.
-    A handler takes (environ, the {id} of a path such as /plants/{id} as sent, or None)
-    and returns (status, body, headers): body bytes of JSON, unless the headers name
-    another Content-Type first, or a stream of bytes. on_create, if set, is called with
-    (plant_id, name, tag) after each create."""
+    A handler takes (environ, id_text: the {id} of a path such as /plants/{id} as sent,
+    or None) and returns (status, body, headers): the body's bytes, or an iterable of
+    bytes (a stream), and headers that name its Content-Type (JSON_HEADERS; none on a
+    204). on_create, if set, is called with (plant_id, name, tag) after each create."""
 
     def __init__(self, tokens, store=None, max_body_bytes=MAX_BODY_BYTES):
         self.tokens = checked_tokens(tokens)
@@ -428,11 +432,13 @@ class Application:
             if not callable(getattr(store, method, None)):
                 raise TypeError(f"the store has no {method}() method: see Store")
         self.store, self.max_body_bytes, self.on_create = store, max_body_bytes, None
-        self.read_new_plant = read_new_plant  # make_app gives a faster one
+        self.read_new_plant = (
+            read_new_plant  # an attribute: a faster one may replace it
+        )
         self.routes = {}  # path: {method: (handler, whether it needs the token)}
-        for name in dir(self):
-            if hasattr(handler := getattr(self, name), "route"):
-                self.declare(handler)
+        for name in dir(self):  # in the order of their names
+            if hasattr(member := getattr(self, name), "route"):
+                self.declare(member)
 
     def declare(self, handler):
         """Route to a handler declared with operation()."""
@@ -447,15 +453,17 @@ class Application:
             request_id = "%016x" % random.getrandbits(64)
         try:
             status, body, headers = self.respond(environ)
+            status_line = _STATUS_LINES[status]  # 1xx, 600: no final answer, a 500
         except Exception as error:
             status, body, headers = self.error_answer(environ, error, request_id)
+            status_line = _STATUS_LINES[status]
         headers = [*headers, ("X-Request-ID", request_id)]
         if status in (204, 304):  # answers that never have a body
             body = []
         elif type(body) is bytes:  # else a stream, of no length known before its end
             headers.append(("Content-Length", str(len(body))))
             body = [body]
-        start_response(_STATUS_LINES[status], headers)
+        start_response(status_line, headers)
         if environ["REQUEST_METHOD"] == "HEAD":  # GET's headers, and no body
             getattr(body, "close", lambda: None)()  # a stream read its first page only
             return []
@@ -466,10 +474,11 @@ class Application:
         (1xx, 600), is a 500, logged to wsgi.errors: the request id, the traceback."""
         status = getattr(error, "status", None)
         if isinstance(error, HTTPError) and type(status) is int and 200 <= status < 600:
-            return status, error_json(status, error.message), [*JSON, *error.headers]
+            headers = [*JSON_HEADERS, *error.headers]
+            return status, error_json(status, error.message), headers
         print(f"plantstore: request {request_id} failed:", file=environ["wsgi.errors"])
         traceback.print_exception(error, file=environ["wsgi.errors"])
-        return 500, error_json(500, "internal server error"), JSON
+        return 500, error_json(500, "internal server error"), JSON_HEADERS
 
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
@@ -483,8 +492,8 @@ class Application:
             routes = ", ".join(mounted + route for route in self.routes)
             raise HTTPError(404, f"not found: the routes are {routes}")
         method = environ["REQUEST_METHOD"]
-        operation = methods.get("GET" if method == "HEAD" else method)
-        if operation is None:
+        found = methods.get("GET" if method == "HEAD" else method)
+        if found is None:
             allowed = {*methods, "OPTIONS", *(["HEAD"] if "GET" in methods else [])}
             allow = ", ".join(sorted(allowed))
             if method == "OPTIONS":  # no token: a browser's preflight has none
@@ -492,13 +501,13 @@ class Application:
             raise HTTPError(
                 405, f"method not allowed; use {allow}", headers=[("Allow", allow)]
             )
-        handler, token = operation
+        handler, token = found
         if token:
             check_bearer(environ, self.tokens)
         return handler(environ, id_text)
 
     @operation("POST", "/plants")
-    def addPlant(self, environ, _):
+    def addPlant(self, environ, _id_text):
         plant_id, name, tag = self.read_new_plant(
             read_body(environ, self.max_body_bytes)
         )
@@ -506,22 +515,22 @@ class Application:
             raise HTTPError(409, "a plant with this 'id' already exists")
         if self.on_create:
             self.on_create(plant_id, name, tag)
-        return 200, plant_json(name, tag), JSON
+        return 200, plant_json(name, tag), JSON_HEADERS
 
     @operation("GET", "/plants")
-    def listPlants(self, environ, _):
+    def listPlants(self, environ, _id_text):
         limit, after = query_page(environ)
-        read_page = self.store.page
+        read_page, headers = self.store.page, JSON_HEADERS
         if limit is None:  # all, a page at a time: memory does not grow with the store
-            return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), JSON
+            return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), headers
         size = min(limit, PAGE_MAX)
-        plants, headers = read_page(after, size + 1), JSON  # one extra: is there more?
+        plants = read_page(after, size + 1)  # one extra: is there more?
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
                 link = f"{quote(environ.get('SCRIPT_NAME', ''))}/plants?limit={limit}"
                 cursor = page_cursor(plants[-1][0])
-                headers = [*JSON, ("Link", f'<{link}&after={cursor}>; rel="next"')]
+                headers = [*headers, ("Link", f'<{link}&after={cursor}>; rel="next"')]
         body = b", ".join([plant_json(name, tag) for _, name, tag in plants])
         return 200, b"[" + body + b"]", headers
 
@@ -532,13 +541,13 @@ class Application:
         return 204, b"", []
 
     @operation("GET", "/health", token=False)
-    def checkHealth(self, _environ, _):
+    def checkHealth(self, _environ, _id_text):
         """200 if the store answers a cheap question, else its 503, naming nothing."""
-        if hasattr(self.store, "ping"):  # a SQL store's, within a shorter bound
+        if hasattr(self.store, "ping"):  # a store's own cheap question, if it has one
             self.store.ping()
         else:
             self.store.page(None, 1)
-        return 200, b'{"status": "ok"}', JSON
+        return 200, b'{"status": "ok"}', JSON_HEADERS
 
 
 # ==================================================================================
@@ -2019,7 +2028,7 @@ def add_liveness(application):
 
     @operation("GET", "/livez", token=False)
     def checkLiveness(_environ, _):
-        return 200, b'{"status": "ok"}', JSON
+        return 200, b'{"status": "ok"}', JSON_HEADERS
 
     application.declare(checkLiveness)
 
@@ -2427,7 +2436,7 @@ def add_document(application):
     @operation("GET", "/openapi.json", token=False)
     def getOpenApiDocument(environ, _):
         mounted = _json_string(quote(environ.get("SCRIPT_NAME", "")) or "/")
-        return 200, document.replace('"MOUNTED"', mounted, 1).encode(), JSON
+        return 200, document.replace('"MOUNTED"', mounted, 1).encode(), JSON_HEADERS
 
     application.declare(getOpenApiDocument)
 

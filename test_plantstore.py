@@ -244,7 +244,7 @@ def test_a_route_declared_beside_plants_id_is_found_as_it_is(app):
 
     @plantstore.operation("GET", "/plants/count")
     def countPlants(_environ, _):
-        return 200, b'{"count": 0}', plantstore.JSON
+        return 200, b'{"count": 0}', plantstore.JSON_HEADERS
 
     application.declare(countPlants)
     assert app.get("/plants/count", headers=AUTH, status=200).json == {"count": 0}
