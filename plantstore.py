@@ -302,11 +302,8 @@ class PagesFromList(Store):
     its seqs are positions, so a plant deleted between two pages shifts the next."""
 
     def __init__(self, store):
-        self.store = store
-        self.add, self.delete = (
-            getattr(store, "add", None),
-            getattr(store, "delete", None),
-        )
+        self.store, self.delete = store, getattr(store, "delete", None)
+        self.add = getattr(store, "add", None)
 
     def page(self, after, limit):
         start = max(after or 0, 0)  # seqs are list positions; any cursor may come
@@ -432,9 +429,8 @@ class Application:
             if not callable(getattr(store, method, None)):
                 raise TypeError(f"the store has no {method}() method: see Store")
         self.store, self.max_body_bytes, self.on_create = store, max_body_bytes, None
-        self.read_new_plant = (
-            read_new_plant  # an attribute: a faster one may replace it
-        )
+        # an attribute, which a faster reader may replace
+        self.read_new_plant = read_new_plant
         self.routes = {}  # path: {method: (handler, whether it needs the token)}
         for name in dir(self):  # in the order of their names
             if hasattr(member := getattr(self, name), "route"):
@@ -450,7 +446,7 @@ class Application:
         request_id = environ.get("HTTP_X_REQUEST_ID")
         if not (request_id and _REQUEST_ID.fullmatch(request_id)):
             # random re-seeds in a fork's child: no two workers make the same ids
-            request_id = "%016x" % random.getrandbits(64)
+            request_id = random.getrandbits(64).to_bytes(8).hex()
         try:
             status, body, headers = self.respond(environ)
             status_line = _STATUS_LINES[status]  # 1xx, 600: no final answer, a 500
@@ -590,15 +586,8 @@ if sys.version_info < (3, 11):  # one line, not a traceback from code that needs
         + sys.version.split()[0]
     )
 
-__all__ += [
-    "OPENAPI",
-    "PlantStore",
-    "SQLStore",
-    "SQLiteStore",
-    "make_app",
-    "make_server",
-    "main",
-]  # not `app`: it is built from the environment on first use
+# not `app`: it is built from the environment on first use
+__all__ += "OPENAPI PlantStore SQLStore SQLiteStore make_app make_server main".split()
 
 # the settings' names
 TOKENS_VARIABLE, DB_VARIABLE = "PLANTSTORE_TOKENS", "PLANTSTORE_DB"
@@ -675,15 +664,12 @@ class PlantStore(Store):
             if seq is None:
                 return False
             number, slot = divmod(seq, CHUNK)
-            if number == len(self._names) - 1:  # the open chunk, a list: changed
-                self._names[number][slot] = self._tags[number][slot] = None
-            else:  # a sealed chunk, a tuple: made anew, or dropped when empty
-                for chunks in self._names, self._tags:
-                    chunk = list(chunks[number])
-                    chunk[slot] = None
-                    chunks[number] = tuple(chunk)
-                if self._names[number].count(None) == CHUNK:  # no plant left in it
-                    self._names[number] = self._tags[number] = None
+            for chunks in self._names, self._tags:  # made anew: a sealed one, a tuple
+                chunk = list(chunks[number])
+                chunk[slot] = None
+                chunks[number] = chunk if number == len(chunks) - 1 else tuple(chunk)
+            if self._names[number].count(None) == CHUNK:  # sealed, with no plant left
+                self._names[number] = self._tags[number] = None
             while self._first < self._next and not self._holds(self._first):
                 self._first += 1  # so that no page walks over the oldest, deleted
             return True
@@ -737,11 +723,8 @@ class _Stderr(logging.Handler):
     """Write plantstore's lines to stderr while no other handler takes them."""
 
     def emit(self, record):
-        logger, others = log, []
-        while logger:  # the handlers the record meets, as logging looks for them
-            others += [handler for handler in logger.handlers if handler is not self]
-            logger = logger.parent if logger.propagate else None
-        if not others:
+        # the handlers the record meets: this one, and the root's if it goes there
+        if log.handlers == [self] and not (log.propagate and logging.root.handlers):
             sys.stderr.write(f"plantstore: {self.format(record)}\n")
             sys.stderr.flush()
 
@@ -749,9 +732,10 @@ class _Stderr(logging.Handler):
 log.addHandler(_Stderr())
 
 
-def _log(message, level=logging.INFO):
+def _log(message, level="info"):
+    """An operator's line, at the level named ("warning", "error")."""
     request_id = getattr(answering, "request_id", None)
-    log.log(level, f"{message} (request {request_id})" if request_id else message)
+    getattr(log, level)(f"{message} (request {request_id})" if request_id else message)
 
 
 def naming_requests(application):
@@ -763,7 +747,9 @@ def naming_requests(application):
     def named(environ, start_response):
         request_id = environ.get("HTTP_X_REQUEST_ID")
         if not (request_id and _REQUEST_ID.fullmatch(request_id)):
-            environ["HTTP_X_REQUEST_ID"] = request_id = "%016x" % random.getrandbits(64)
+            environ["HTTP_X_REQUEST_ID"] = request_id = (
+                random.getrandbits(64).to_bytes(8).hex()
+            )
         answering.request_id = request_id
         try:
             return application(environ, start_response)
@@ -812,8 +798,10 @@ class Background:
 
     threads = weakref.WeakSet()  # the threads of every Background, alive or not
 
-    def __init__(self, name, loop, prepare=None, *, stops_for_fork, child_delay=0):
-        self.name, self.loop, self.prepare = name, loop, prepare or (lambda: None)
+    def __init__(
+        self, name, loop, prepare=lambda: None, *, stops_for_fork, child_delay=0
+    ):
+        self.name, self.loop, self.prepare = name, loop, prepare
         self.stops_for_fork, self.child_delay = stops_for_fork, child_delay
         self._thread, self.stopping, self._wake = None, False, threading.Event()
         self._resume = False  # whether it ran when a fork came
@@ -822,8 +810,8 @@ class Background:
         me = weakref.ref(self)
         os.register_at_fork(
             before=lambda: me() and me()._before_fork(),
-            after_in_parent=lambda: me() and me()._after_fork(child=False),
-            after_in_child=lambda: me() and me()._after_fork(child=True),
+            after_in_parent=lambda: me() and me()._after_fork(False),
+            after_in_child=lambda: me() and me()._after_fork(True),
         )
 
     def running(self):
@@ -1106,7 +1094,7 @@ class SQLStore(Store):
                     self._outage_of = kind
                     _log(
                         f"the {self.name} is unavailable: {self.describe(cause)}",
-                        logging.WARNING,
+                        "warning",
                     )
                 raise
         if self._outage_of == kind:  # reads that work end no outage of writes
@@ -1563,7 +1551,6 @@ class WebhookSender:
     )
     DONE = "DELETE FROM plant_events WHERE seq = :seq"
     FORGET = "DELETE FROM plant_events WHERE url = :url"
-    WAITING = "SELECT url, count(*) FROM plant_events GROUP BY url"
     # The outbox in memory: SQLiteStore's table and indexes, and, per receiver, the
     # events waiting, those failing and their bytes, kept by triggers as events come and
     # go, so that neither a create nor /metrics counts them.
@@ -1681,10 +1668,9 @@ class WebhookSender:
             said, state.dropping = state.dropping, full
         if full and not said:
             _log(
-                f"webhook events are dropped: {waiting:.0f} events of "
-                f"{size / 2**20:.1f} MB wait in memory already, the most it keeps "
-                f"({self.MAX_WAITING} events, {self.MAX_WAITING_BYTES // 2**20} MB)",
-                logging.WARNING,
+                "webhook events are dropped: the outbox in memory holds the most it "
+                f"keeps ({self.MAX_WAITING} events, {self.MAX_WAITING_BYTES} bytes)",
+                "warning",
             )
 
     def close(self):
@@ -1692,11 +1678,10 @@ class WebhookSender:
         way: a SQL outbox keeps them, and a sender takes them at once. The outbox in
         memory, lost with the process, has CLOSE_SECONDS at most first to deliver what
         waits for a receiver that is not failing."""
-        deadline = time.monotonic() + self.CLOSE_SECONDS
-        while not self._store and time.monotonic() < deadline:
-            state = this_process(self, self._new_state)
-            rows = self._execute(self.RECEIVERS_IN_MEMORY)
-            if all(url in state.failing for url, *_ in rows):
+        state = this_process(self, self._new_state)
+        until = time.monotonic() + self.CLOSE_SECONDS
+        while not self._store and time.monotonic() < until:
+            if all(url in state.failing for url, *_ in self.receivers()):
                 break
             time.sleep(0.05)
         self._closed = True
@@ -1728,14 +1713,14 @@ class WebhookSender:
                     state.stalled = True
                     _log(
                         f"webhook delivery waits for the {self._store.name}: "
-                        + self._store.describe(error.__cause__),
-                        logging.WARNING,
+                        f"{self._store.describe(error.__cause__)}",
+                        "warning",
                     )
             except Exception:
                 _log(
                     f"webhook delivery failed, and goes on in {RETRY_AFTER} s:\n"
                     f"{traceback.format_exc()}",
-                    logging.ERROR,
+                    "error",
                 )
             else:
                 wait = self.POLL_SECONDS
@@ -1764,13 +1749,13 @@ class WebhookSender:
 
     def _drop_unconfigured(self):
         """Drop the events of URLs no longer configured, once a process."""
-        for url, count in self._execute(self.WAITING):
+        for url, count, *_ in self._execute(self.RECEIVERS):
             if url not in self.urls:
                 self._execute(self.FORGET, url=url)
                 _log(
                     f"{count} waiting webhook events are dropped: their receiver "
                     f"{_origin(url)} is no longer in {WEBHOOK_URL_VARIABLE}",
-                    logging.WARNING,
+                    "warning",
                 )
 
     def _claim(self, state):
@@ -1858,7 +1843,7 @@ class WebhookSender:
             _log(
                 f"the webhook receiver {_origin(url)} answered 410 Gone: "
                 "it gets no more events",
-                logging.WARNING,
+                "warning",
             )
             return
         if url not in self.urls or (status and 200 <= status < 300):  # or its URL went
@@ -1884,7 +1869,7 @@ class WebhookSender:
             _log(
                 f"webhook {webhook_id} to {_origin(url)} is given up "
                 f"after {attempts + 1} attempts",
-                logging.WARNING,
+                "warning",
             )
         self._say_failing(state, url, status or "no answer")
 
@@ -1897,17 +1882,11 @@ class WebhookSender:
                 self.RECEIVERS if self._store else self.RECEIVERS_IN_MEMORY
             )
             waiting = sum(row[1] for row in rows if row[0] == url)
-            if failure is None:
-                _log(
-                    f"the webhook receiver {_origin(url)} takes events again; "
-                    f"{waiting} wait for it"
-                )
-            else:
-                _log(
-                    f"the webhook receiver {_origin(url)} fails ({failure}); "
-                    f"{waiting} events wait for it",
-                    logging.WARNING,
-                )
+            said = f"fails ({failure})" if failure else "takes events again"
+            _log(
+                f"the webhook receiver {_origin(url)} {said}; {waiting} events wait",
+                "warning" if failure else "info",
+            )
 
 
 def check_webhook_url(url):
@@ -2817,7 +2796,7 @@ def __getattr__(name):
     try:
         app = app_from_environ()
     except ValueError as problem:
-        _log(str(problem), logging.ERROR)
+        _log(str(problem), "error")
         raise SystemExit(4) from None
     return app
 
@@ -2862,7 +2841,7 @@ def main(argv=None):
     try:  # the port first: a start refused for it makes no file
         server = make_server(args.host, args.port, None)
     except (OSError, OverflowError) as error:
-        _log(f"cannot listen on {args.host}:{args.port}: {error}", logging.ERROR)
+        _log(f"cannot listen on {args.host}:{args.port}: {error}", "error")
         return 2
     with server:
         try:
@@ -2876,7 +2855,7 @@ def main(argv=None):
                 )
             server.set_app(app_from_environ(tokens=tokens))
         except ValueError as error:  # a bad setting: one line, and no server starts
-            _log(str(error), logging.ERROR)
+            _log(str(error), "error")
             return 2
         for stop in signal.SIGINT, signal.SIGTERM:  # Ctrl-C, and how systemd stops it
             signal.signal(stop, server.stop)  # SIGINT too: background jobs ignore it

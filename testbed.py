@@ -51,7 +51,14 @@ import pytest
 import webtest
 
 import plantstore
-from plantstore import INT64_MAX, JSON_TYPE, PlantStore, SQLiteStore, make_app
+from plantstore import (
+    INT64_MAX,
+    JSON_TYPE,
+    MemoryStore,
+    PlantStore,
+    SQLiteStore,
+    make_app,
+)
 
 TOKEN = "test-token-1-a7Qm9xZ2"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -901,19 +908,17 @@ def app(store):
     return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "plantstore", "sqlite", "postgres"])
 def any_store(request, tmp_path):
-    """Each store, held to the same behaviour: the in-memory one, SQLite and
-    PostgreSQL."""
+    """Each store, held to the same behaviour: the core's MemoryStore, make_app's
+    PlantStore, SQLite and PostgreSQL."""
     if request.param == "postgres":
         from plantstore_postgres import PostgresStore  # psycopg: only where it is used
 
         return PostgresStore(request.getfixturevalue("pg_url"))
-    return (
-        PlantStore()
-        if request.param == "memory"
-        else SQLiteStore(tmp_path / "plants.sqlite3")
-    )
+    if request.param == "sqlite":
+        return SQLiteStore(tmp_path / "plants.sqlite3")
+    return {"memory": MemoryStore, "plantstore": PlantStore}[request.param]()
 
 
 @pytest.fixture
