@@ -1419,15 +1419,16 @@ class _WriterLock:
 
     @contextlib.contextmanager
     def held(self, deadline):
+        """Hold the writers' turn: this process's lock, then the file's, by the
+        deadline; past it, an outage (SQLStore.outages), as a lock SQLite waited for."""
+        late = sqlite3.OperationalError("the writers' turn did not come in time")
         if not self._thread_lock.acquire(timeout=max(0, deadline - time.monotonic())):
-            raise sqlite3.OperationalError("the writers' turn did not come in time")
+            raise late
         try:
-            while not self._flock(fcntl.LOCK_EX | fcntl.LOCK_NB):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise sqlite3.OperationalError(
-                        "the writers' turn did not come in time"
-                    )
+            while not self._flock(fcntl.LOCK_EX | fcntl.LOCK_NB):  # another's, for now
+                if (left := deadline - time.monotonic()) <= 0:
+                    raise late
+                # asleep until the holder rings, or WAKE_SECONDS (it may have died)
                 select.select([self._bell], [], [], min(left, self.WAKE_SECONDS))
                 with contextlib.suppress(BlockingIOError):  # the rings so far: one try
                     os.read(self._bell, 65536)
