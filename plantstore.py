@@ -937,7 +937,7 @@ class SQLStore(Store):
         return this_process(self, self._new_state)
 
     def _new_state(self):
-        return _ProcessState(self.POOL_SIZE, None)
+        return _ProcessState(self.POOL_SIZE)
 
     def _writer_lock(self, _deadline):
         """What a writer holds while it writes: an engine that queues writers says."""
@@ -1104,8 +1104,8 @@ class SQLStore(Store):
 
     def _session(self, work, write, transaction, wait):
         deadline = time.monotonic() + wait
-        turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
         try:
+            turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
             with turn, self._connection(deadline) as db:
                 return self._work(db, work, transaction, deadline)
         except self.outages as error:
@@ -1255,13 +1255,13 @@ class _Breaker:
 class _ProcessState:
     """What a SQL store holds in one process: its connections, creates and locks."""
 
-    def __init__(self, pool_size, writers):
+    def __init__(self, pool_size):
         self.lock = threading.Lock()  # guards idle and busy
         self.slots = threading.Semaphore(pool_size)  # connections left to make
         self.idle, self.busy = [], {}  # connections: free; running, to their deadline
         self.turn = threading.Condition()  # guards queue and batching
         self.queue, self.batching = collections.deque(), False  # creates; one written
-        self.writers = writers  # the lock a writer holds, shared with other processes
+        self.writers = None  # SQLite's: the lock a writer holds, with other processes
         self.reads, self.writes = _Breaker(), _Breaker()  # the requests'
 
 
@@ -1323,17 +1323,18 @@ class SQLiteStore(SQLStore):
             # request waits, and the upgrade of a 1.3.0 file takes seconds at millions
             with self._writer_lock(time.monotonic() + 60):
                 self.open_at_start()
+        except sqlite3.OperationalError as error:  # locked, no room: no bad setting
+            _log(f"the {self.name} is unavailable: {self.describe(error)}", "warning")
         except (sqlite3.Error, OSError) as error:
             raise ValueError(
                 f"{self.path} cannot be opened as a plantstore database: "
                 f"{self.describe(error)}"
             ) from None
 
-    def _new_state(self):
-        return _ProcessState(self.POOL_SIZE, _WriterLock(self.path + "-writers"))
-
     def _writer_lock(self, deadline):
-        return self._state().writers.held(deadline)
+        state = self._state()
+        state.writers = state.writers or _WriterLock(self.path + "-writers")
+        return state.writers.held(deadline)
 
     def execute(self, db, sql, parameters, deadline):
         db.deadline = deadline  # the statement's wait for a lock ends there (_SQLite)

@@ -62,6 +62,8 @@ from testbed import (
     stop_service,
     stored_plants,
     timed_exchange,
+    wait_apps_built,
+    wait_until,
 )
 
 
@@ -371,6 +373,59 @@ def test_a_1_4_0_sqlite_file_is_upgraded_in_place_and_1_4_0_still_serves_it(
     assert post_over_http(host, port, TOKEN, {"id": 5, "name": "plant 5"})[0] == 200
     assert hook.wait_for(5)[-1]["id"] == 5
     stop_service(process)
+
+
+def test_sqlite_full_at_start_is_waited_for_as_an_outage(spawn, tmp_path):
+    """What the nemesis found (issue 54), its disk-full and restart-server together:
+    gunicorn started while the SQLite file's filesystem is full, with no -wal nor -shm
+    beside the file (the last connection to close removes them). Each worker must wait
+    for room, as a PostgreSQL away at start is waited for: 503 while it is full, 200
+    once it is freed, gunicorn serving throughout. In 1.4.0 each worker stopped at
+    "cannot be opened as a plantstore database: disk I/O error" (SQLite cannot make its
+    -shm), and gunicorn exited 4 or 1, statuses the unit does not restart: the service
+    stayed down once the disk had room again."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=700", "tmpfs", str(folder)],
+        check=True,
+        timeout=WAIT,
+    )
+    try:
+        db = folder / "plants.sqlite3"
+        env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(db))
+        process, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+        assert post_over_http(host, port, TOKEN, {"id": 1, "name": "plant 1"})[0] == 200
+        stop_service(process)
+        # the last connection to close checkpoints the WAL and removes -wal and -shm:
+        # as after an idle stop, or the operator's sqlite3 (a backup, a look)
+        sqlite3.connect(db).close()
+        assert sorted(path.name for path in folder.iterdir()) == [
+            "plants.sqlite3",
+            "plants.sqlite3-writers",
+            "plants.sqlite3-writers-bell",
+        ]
+        with open(folder / "filler", "wb", buffering=0) as filler:
+            free = os.statvfs(folder)
+            os.posix_fallocate(filler.fileno(), 0, free.f_bavail * free.f_frsize)
+            filler.seek(0, os.SEEK_END)
+            with pytest.raises(OSError):  # to the last byte
+                for _ in range(4096):
+                    filler.write(b"\0" * 512)
+        process, host, port, err = start_gunicorn(spawn, env, 2, 4)
+        wait_apps_built(err, 2)  # the line each worker says once it has built the app
+        document = {"id": 2, "name": "plant 2"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 503
+        (folder / "filler").unlink()
+        wait_until(
+            lambda: post_over_http(host, port, TOKEN, document)[0] == 200,
+            "no create succeeded once the disk had room",
+            seconds=10,
+        )
+        assert process.poll() is None, err.so_far()
+        stop_service(process)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, timeout=WAIT)
 
 
 def test_sqlite_names_a_missing_directory(tmp_path):
