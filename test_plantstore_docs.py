@@ -468,3 +468,441 @@ def test_gc_index_benchmark_smoke_run(capsys):
     printed = capsys.readouterr().out
     assert re.search(r"through the app: dict [\d.]+ us, array [\d.]+ us", printed)
     assert re.search(r"3,000 plants: +[\d.]+ ms \(no store: [\d.]+ ms\)", printed)
+
+
+# ---- The operator's docs, run as written (issue 53) ----
+#
+# Each test runs what README.md, docs/deploy.md or docs/operations.md tells an operator
+# to do, with real components, or holds two files that must say the same to each other.
+# Imported here, with the section that uses them, so that it merges apart from the
+# file's head.
+
+import fnmatch  # noqa: E402 (this section's, above)
+import os  # noqa: E402 (this section's, above)
+import secrets  # noqa: E402 (this section's, above)
+import shlex  # noqa: E402 (this section's, above)
+import shutil  # noqa: E402 (this section's, above)
+import signal  # noqa: E402 (this section's, above)
+from pathlib import Path  # noqa: E402 (this section's, above)
+
+from plantstore import HEALTH_WAIT_SECONDS, SQLiteStore  # noqa: E402 (this section's)
+from testbed import (  # noqa: E402 (this section's, above)
+    Lines,
+    Runbook,
+    environ_without_tokens,
+    free_port,
+    post_over_http,
+    prometheus_binary,
+    start_gunicorn,
+    stored_plants,
+    wait_listening,
+)
+
+
+def sh_block_below(name, heading):
+    """The first ```sh block of the file below the line `heading`."""
+    text = doc_text(name)
+    assert heading in text, f"{name} has no {heading!r} any more: update this test"
+    block = re.search(r"```sh\n(.*?)```\n", text[text.index(heading) :], re.S)
+    assert block, f"{name} has no ```sh block below {heading!r}"
+    return block[1]
+
+
+def in_a_mount_namespace(script, folder, env, mounts):
+    """Run the bash script in folder, in a mount namespace of its own (util-linux's
+    unshare, as root), where each (path, "ro" or "rw") of mounts is bound over itself
+    read-only or writable, in order: a path read-only there cannot be written even by
+    root, and nothing changes for any other process. Return (exit status, output)."""
+    unshare = shutil.which("unshare")
+    assert unshare, "unshare is missing: apt-get install util-linux"
+    binds = "".join(
+        f"mount --bind {shlex.quote(str(path))} {shlex.quote(str(path))} && "
+        f"mount -o remount,bind,{mode} {shlex.quote(str(path))} && "
+        for path, mode in mounts
+    )
+    done = subprocess.run(
+        [unshare, "--mount", "--propagation", "private", "bash", "-c"]
+        + [f"{binds}exec bash -c {shlex.quote(script)}"],
+        cwd=folder,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 2,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def runbook_on(postgres, runbook, tmp_path):
+    """docs/operations.md's settings on the suite's PostgreSQL, emptied, its password in
+    the libpq file the settings name, never in $PG."""
+    postgres.reset()
+    password_file = Path(runbook.settings["PGPASSFILE"])
+    password_file.write_text(
+        f"127.0.0.1:{postgres.port}:plantstore:plantstore:{postgres.password}\n"
+    )
+    password_file.chmod(0o600)
+    url = f"postgresql://plantstore@127.0.0.1:{postgres.port}/plantstore"
+    return Runbook(tmp_path, **{**runbook.settings, "PG": url})
+
+
+def test_operations_pgloader_step_needs_no_tmp_pgloader_and_a_fatal_is_mended(
+    postgres, runbook, tmp_path
+):
+    """The move's copy, run where /tmp/pgloader cannot be written (another user's, in
+    the issue; read-only here, even for root): pgloader writes in the folder the doc's
+    --root-dir names. And after a FATAL (that folder read-only this time), the doc's
+    way out: empty the tables, copy again, and no duplicate key is refused."""
+    book = runbook_on(postgres, runbook, tmp_path)
+    from plantstore_postgres import PostgresStore  # psycopg: its tests' import
+
+    store = SQLiteStore(book.settings["SQLITE"])
+    for plant_id in range(300):
+        assert store.add(plant_id, f"plant {plant_id}", None)
+    store.close()
+    PostgresStore(postgres.url).close()  # plantstore's tables, as the doc makes them
+    book.run("pgloader-file")
+    folder = tmp_path / "pgloader"
+    folder.mkdir()  # where the doc's --root-dir puts it, unwritable for this run
+    status, said = in_a_mount_namespace(
+        book.script("pgloader"),
+        tmp_path,
+        book.env,
+        [("/tmp", "ro"), (tmp_path, "rw"), (folder, "ro")],
+    )
+    assert status != 0 and "FATAL" in said, said
+    book.run("empty-tables")  # as the doc says after a FATAL
+    status, said = in_a_mount_namespace(
+        book.script("pgloader"), tmp_path, book.env, [("/tmp", "ro"), (tmp_path, "rw")]
+    )
+    assert status == 0 and "FATAL" not in said, said
+    assert "duplicate key" not in said and " ERROR " not in said, said
+    assert (folder / "pgloader.log").stat().st_size > 0  # its log, where the doc says
+    assert book.run("check-move") == "the same rows\n"
+    assert len(stored_plants(postgres.url)) == 300
+
+
+def test_operations_md_upgrade_from_1_3_0_is_what_a_granted_role_s_refusal_asks(
+    postgres, runbook, tmp_path
+):
+    """1.3.0's plant_events (no column `created`), an event waiting in it, and a role
+    the owner granted the tables (docs/deploy.md's second setup): its start is refused
+    in one line naming what the owner runs; docs/operations.md's block, run as the
+    owner, is that; then the granted role starts and serves."""
+    import psycopg  # its tests' import
+
+    from plantstore_postgres import PostgresStore
+
+    book = runbook_on(postgres, runbook, tmp_path)
+    PostgresStore(postgres.url).close()
+    password = secrets.token_urlsafe(18)
+    with psycopg.connect(postgres.url, autocommit=True) as db:
+        db.execute("ALTER TABLE plant_events DROP COLUMN created")  # as 1.3.0 made it
+        db.execute(
+            "INSERT INTO plant_events (url, webhook_id, body, next_at)"
+            " VALUES ('http://127.0.0.1:1/hook', 'msg_1', '\\x7b7d', 0)"
+        )
+        db.execute(f"CREATE ROLE granted LOGIN PASSWORD '{password}'")
+        db.execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON plants, plant_events TO granted"
+        )
+    granted = f"postgresql://granted:{password}@127.0.0.1:{postgres.port}/plantstore"
+    try:
+        with pytest.raises(ValueError) as refused:
+            PostgresStore(granted)
+        said = str(refused.value)
+        assert password not in said
+        block = book.blocks["upgrade-from-1-3-0"]
+        for statement in re.findall(r'-c "([^"]+)"', block):
+            assert statement in said, f"the refusal asks: {said}"
+        assert book.run("upgrade-from-1-3-0") == "ALTER TABLE\nUPDATE 1\n"
+        served = PostgresStore(granted)
+        try:
+            assert served.add(1, "Fern", None) and served.page(None, 10)[0][1:] == (
+                "Fern",
+                None,
+            )
+        finally:
+            served.close()
+    finally:
+        with psycopg.connect(postgres.url, autocommit=True) as db:
+            db.execute("DROP OWNED BY granted")
+            db.execute("DROP ROLE granted")
+
+
+def test_readme_apt_get_line_installs_what_ci_installs():
+    where, said = doc_find("README.md", r"`sudo apt-get install ([a-z0-9 .+-]+)`")
+    listed = set(said[1].split())
+    run = (HERE / ".ci" / "run").read_text()
+    installed = {
+        package
+        for group in re.findall(r"need\+=\(([^)]*)\)", run)
+        for package in group.split()
+    }
+    assert installed, ".ci/run installs nothing any more: update this test"
+    assert listed == installed, f"{where}: .ci/run installs {sorted(installed)}"
+
+
+def ignored_by_git(name):
+    """Whether .gitignore's patterns match the file `name` of the project's folder (no
+    git needed: the suite also runs from `git archive`'s tree)."""
+    patterns = [
+        line.strip()
+        for line in (HERE / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    return any(fnmatch.fnmatchcase(name, p.strip("/")) for p in patterns)
+
+
+def test_gitignore_keeps_out_what_the_readme_s_first_run_makes_in_the_folder(
+    tmp_path,
+):
+    """The README's tokens file, made by its commands, and its PLANTSTORE_DB, an SQLite
+    file with each file beside it that a create makes, all in the project's folder."""
+    block = re.search(
+        r"```sh\n(install -m 600 /dev/null tokens.*?)```", doc_text("README.md"), re.S
+    )[1]
+    making = block.split("\nPLANTSTORE_TOKENS_FILE=")[0]  # the lines before the run
+    subprocess.run(
+        ["bash", "-c", making], cwd=tmp_path, check=True, timeout=WAIT, env=os.environ
+    )
+    where, said = doc_find("README.md", r"`PLANTSTORE_DB=([\w.]+)`")
+    store = SQLiteStore(tmp_path / said[1])
+    try:
+        assert store.add(1, "Fern", None)
+        made = sorted(path.name for path in tmp_path.iterdir())
+    finally:
+        store.close()
+    assert "tokens" in made and said[1] in made, made
+    kept = [name for name in made if not ignored_by_git(name)]
+    assert not kept, f".gitignore misses what the README's first run makes: {kept}"
+
+
+def test_deploy_md_sqlite_by_hand_runs_as_written_in_the_folder_of_the_readme_s_tokens(
+    spawn, tmp_path
+):
+    """docs/deploy.md's gunicorn by hand, from the virtualenv the recipe made, in the
+    project's folder where the README's commands made `tokens`, with a home of its own
+    that holds no tokens: it serves the token of that file."""
+    project, home, state = tmp_path / "project", tmp_path / "home", tmp_path / "state"
+    for folder in project, home, state:
+        folder.mkdir()
+    readme = re.search(
+        r"```sh\n(install -m 600 /dev/null tokens.*?)```", doc_text("README.md"), re.S
+    )[1]
+    making = readme.split("\nPLANTSTORE_TOKENS_FILE=")[0]
+    subprocess.run(
+        ["bash", "-c", making], cwd=project, check=True, timeout=WAIT, env=os.environ
+    )
+    token = (project / "tokens").read_text().strip()
+    block = sh_block_below(
+        "docs/deploy.md", "## One machine, several processes: SQLite"
+    )
+    assert "/opt/plantstore/bin/gunicorn " in block, block  # the recipe's virtualenv
+    port = free_port()
+    script = "\n".join(
+        line
+        for line in block.replace("/var/lib/plantstore", str(state))
+        .replace("/opt/plantstore/bin/", f"{Path(sys.executable).parent}/")
+        .replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+        .splitlines()
+        if not line.startswith("sudo ")  # the folder, made above, is this user's
+    )
+    env = environ_without_tokens(HOME=str(home), PYTHONPATH=str(HERE))
+    process = spawn(["bash", "-c", f"cd {shlex.quote(str(project))}\n{script}"], env)
+    Lines(process.stderr).until(r"plantstore: version")  # else: what it said instead
+    wait_listening(process, port)
+    created = post_over_http("127.0.0.1", port, token, {"id": 1, "name": "Fern"})
+    assert created == (200, {"name": "Fern"})
+    assert stored_plants(str(state / "plants.sqlite3")) == {1: "Fern"}
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(WAIT) == 0
+
+
+def test_the_recipes_make_their_virtualenv_with_the_system_python():
+    """A python3 of one's own (pyenv, a build under a home) would leave /opt/plantstore
+    a link into a home the service's user cannot enter."""
+    files = [
+        *every_doc(),
+        *(
+            f"deploy/{path.name}"
+            for path in sorted((HERE / "deploy").glob("*.service"))
+        ),
+    ]
+    made = 0
+    for name in files:
+        for where, said in doc_matches(name, r"(\S*python3?) -m venv /opt/plantstore"):
+            assert said[1] == "/usr/bin/python3", f"{where}: {said[0]}"
+            made += 1
+    assert made >= 3, "the recipes no longer make /opt/plantstore: update this test"
+
+
+# promtool's test of the backlog alert while the database is down: the oldest event's
+# age over 30 minutes until minute 20, then no age shown from minute 21 (the database
+# down: the backlog is not read), while plantstore_database_up is 0 from minute 21
+BACKLOG_WHILE_DOWN_TEST = """\
+rule_files: [plantstore.rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'plantstore_webhook_oldest_event_age_seconds{job="plantstore",
+          instance="app1:8000", receiver="https://hooks.example"}'
+        values: '1800+60x20 stale'
+      - series: 'plantstore_database_up{job="plantstore", instance="app1:8000"}'
+        values: '1x20 0x20'
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: PlantstoreWebhookEventsWaiting
+        exp_alerts:
+          - exp_labels: {severity: warning, job: plantstore,
+              receiver: "https://hooks.example"}
+            exp_annotations: {summary: "Webhook events for https://hooks.example have
+              waited more than 30 minutes"}
+      - {eval_time: 22m, alertname: PlantstoreWebhookEventsWaiting, exp_alerts: []}
+      - {eval_time: 25m, alertname: PlantstoreDatabaseDown, exp_alerts: []}
+      - eval_time: 26m
+        alertname: PlantstoreDatabaseDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: plantstore, instance: "app1:8000"}
+            exp_annotations: {summary: "app1:8000 has not reached its database for 5
+              minutes"}
+"""
+
+
+def test_operations_md_backlog_alert_resolves_while_no_age_is_shown(tmp_path):
+    where, _ = doc_find(
+        "docs/operations.md", r"the backlog cannot be read and no age is shown"
+    )
+    rules = re.search(
+        r"<!-- alert rules -->\n```yaml\n(.*?)```\n",
+        doc_text("docs/operations.md"),
+        re.S,
+    )[1]
+    (tmp_path / "plantstore.rules.yml").write_text(rules)
+    (tmp_path / "test.yml").write_text(BACKLOG_WHILE_DOWN_TEST)
+    done = subprocess.run(
+        [prometheus_binary("promtool"), "test", "rules", "test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert done.returncode == 0, f"{where}: {done.stdout}{done.stderr}"
+
+
+def test_operations_md_scrapes_each_app_host_where_nginx_reaches_it():
+    """One way to reach several app hosts: the scrape's targets are the servers of
+    failover.md's nginx upstream, and deploy.md binds gunicorn to such an address."""
+    where, said = doc_find(
+        "docs/operations.md", r"targets: \[([^\]]*)\] +# each app host's gunicorn"
+    )
+    targets = re.findall(r'"([^"]+)"', said[1])
+    upstream = re.search(
+        r"```nginx\nupstream plantstore \{\n(.*?)\}", doc_text("docs/failover.md"), re.S
+    )
+    assert upstream, "docs/failover.md has no upstream block: update this test"
+    servers = re.findall(r"server (\S+) ", upstream[1])
+    assert targets == servers, f"{where}: docs/failover.md's upstream has {servers}"
+    bound, said = doc_find(
+        "docs/deploy.md",
+        r"several app hosts, the host's private "
+        r"address \(`-b ([\d.:]+)`\)",
+    )
+    assert said[1] in servers, f"{bound}: the upstream has {servers}"
+
+
+def test_gunicorn_logging_conf_gives_plantstore_s_lines_gunicorn_s_time_level_and_pid(
+    spawn,
+):
+    """deploy/gunicorn-logging.conf as shipped: the start line (INFO) of each worker,
+    then a bad setting's line (ERROR), with the time, level and process id gunicorn's
+    own lines have, `plantstore:` before the message, each once."""
+    conf = str(HERE / "deploy" / "gunicorn-logging.conf")
+    stamped = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}\] \[(\d+)\] \[([A-Z]+)\] "
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)
+    process, host, port, err = start_gunicorn(spawn, env, 1, 8, "--log-config", conf)
+    started = err.until(rf"^{stamped}plantstore: version \S+, plants in memory")
+    worker = re.search(r"Booting worker with pid: (\d+)", "".join(err.seen))[1]
+    assert started.groups() == (worker, "INFO"), "".join(err.seen)
+    assert re.match(stamped + "Starting gunicorn", err.seen[0])  # gunicorn's own
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(WAIT) == 0
+    logged = err.rest()
+    assert logged.count("plantstore: version") == 1, logged  # no line twice
+    assert not re.search(r"^plantstore:", logged, re.M), logged  # none unstamped
+    assert TOKEN not in logged
+    refused = spawn(
+        [sys.executable, "-m", "gunicorn", "-w", "1", "--log-config", conf]
+        + ["-b", "127.0.0.1:0", "plantstore:app"],
+        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB_URL="x.db"),
+    )
+    assert refused.wait(WAIT) == 4
+    said = refused.stderr.read()
+    line = rf"^{stamped}plantstore: PLANTSTORE_DB_URL is not a plantstore setting: "
+    assert len(re.findall(line + "did you mean PLANTSTORE_DB\\?$", said, re.M)) == 1
+    assert re.search(line, said, re.M)[2] == "ERROR", said
+
+
+def test_deploy_md_embedding_logging_example_routes_and_silences_plantstore(tmp_path):
+    """The dictConfig of docs/deploy.md, in a program that imported plantstore first:
+    the start line comes out in the program's format, once; then the level set on the
+    logger, as the doc says, keeps it out."""
+    example = re.search(
+        r"```python\n(import logging\.config\n.*?dictConfig.*?)```",
+        doc_text("docs/deploy.md"),
+        re.S,
+    )
+    assert example, "docs/deploy.md has no dictConfig example: update this test"
+    where, said = doc_find(
+        "docs/deploy.md",
+        r'`(logging\.getLogger\("plantstore"\)'
+        r"\.setLevel\(logging\.ERROR\))`",
+    )
+    program = tmp_path / "host.py"
+    program.write_text(
+        "import plantstore\n"  # the logger exists before the configuration
+        + example[1]
+        + f"plantstore.app_from_environ({{'PLANTSTORE_TOKENS': {TOKEN!r}}})\n"
+        + f"{said[1]}\n"
+        + f"plantstore.app_from_environ({{'PLANTSTORE_TOKENS': {TOKEN!r}}})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(program)],
+        cwd=tmp_path,
+        env=environ_without_tokens(PYTHONPATH=str(HERE)),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, f"{where}: {done.stderr}"
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO plantstore: version \S+, plants "
+        r"in memory, in this process alone",
+        lines[0],
+    ), lines
+
+
+def test_deploy_md_probes_ask_the_database_for_readiness_alone(tmp_path):
+    """The Kubernetes probes of docs/deploy.md: with the database away, the liveness
+    probe's path still answers 200 (no pod restarted) and the readiness probe's 503;
+    neither needs a token; the readiness timeout is above /health's bound."""
+    probes = re.search(
+        r"<!-- probes -->\n```yaml\n(.*?)```", doc_text("docs/deploy.md"), re.S
+    )
+    assert probes, "docs/deploy.md has no probes (<!-- probes -->): update this test"
+    path = dict(re.findall(r"(\w+)Probe:.*?path: (/\w+)", probes[1], re.S))
+    timeout = re.search(r"readinessProbe:.*?timeoutSeconds: (\d+)", probes[1], re.S)
+    assert int(timeout[1]) > HEALTH_WAIT_SECONDS
+    store = SQLiteStore(tmp_path / "plants.sqlite3")
+    asked = webtest.TestApp(make_app([TOKEN], store=store))
+    for probe in "liveness", "readiness":
+        assert asked.get(path[probe], status=200).json == {"status": "ok"}
+    os.remove(tmp_path / "plants.sqlite3")  # the database away
+    assert asked.get(path["liveness"], status=200).json == {"status": "ok"}
+    away = asked.get(path["readiness"], status=503)
+    assert away.headers["Retry-After"] and away.json["error"] == 503
+    store.close()

@@ -690,6 +690,41 @@ def test_nginx_passes_the_client_s_request_id_or_its_own_and_logs_the_one_answer
     assert "not kept" not in text and "B" * 65 not in text
 
 
+def test_nginx_logs_its_own_answers_with_the_client_s_method_and_path(
+    nginx_in_front, spawn
+):
+    """An answer of nginx's own, a 413 for a body over the limit and a 502 with
+    gunicorn gone, is logged with the method and path of the client's request line and
+    the status the client got, not as the error page that made it
+    (GET /.plantstore-errors/413); and never with its query string."""
+    port, access_log = nginx_in_front.port, nginx_in_front.folder / "access.log"
+    too_large = {"id": 1, "name": "x" * MAX_BODY_BYTES}
+    sent = [
+        ("POST", "/plants?access_token=SECRET-413", too_large, 413),
+        ("GET", "/plants?limit=1&access_token=SECRET-502", None, 502),
+        ("POST", "/plants?access_token=SECRET-POST-502", {"id": 2, "name": "y"}, 502),
+    ]
+    for number, (method, path, document, status) in enumerate(sent):
+        if number == 1:  # gunicorn gone
+            os.killpg(
+                next(p for p in spawn.processes if "gunicorn" in p.args).pid,
+                signal.SIGKILL,
+            )
+        assert exchange("127.0.0.1", port, method, path, document)[0] == status
+    wait_until(
+        lambda: access_log.read_text().count("\n") == len(sent),
+        lambda: f"nginx logged {access_log.read_text()!r}, not one line per request",
+    )
+    text = access_log.read_text()
+    # each worker of nginx writes its lines once it has answered: in any order
+    logged = sorted(re.findall(r'"([^"]*)" (\d{3}) ', text))
+    assert logged == sorted(
+        (f"{method} {path.partition('?')[0]}", str(status))
+        for method, path, _, status in sent
+    ), text
+    assert "SECRET" not in text and ".plantstore-errors" not in text, text
+
+
 # ---- granian, the other production server, with deploy/plantstore-granian.service ----
 
 
