@@ -2204,18 +2204,7 @@ OPENAPI = json.loads(
         "summary": "Check that the service can reach its store",
         "description": "For load balancers and orchestrators; no token needed",
         "responses": {
-          "200": {
-            "description": "The store answers",
-            "content": {
-              "application/json": {
-                "schema": {
-                  "type": "object",
-                  "required": ["status"],
-                  "properties": {"status": {"const": "ok"}}
-                }
-              }
-            }
-          },
+          "200": {"$ref": "#/components/responses/Ok"},
           "500": {"$ref": "#/components/responses/Error500"},
           "503": {"$ref": "#/components/responses/Error503"}
         }
@@ -2228,20 +2217,7 @@ OPENAPI = json.loads(
         "tags": ["service"],
         "summary": "Check that the process answers",
         "description": "For an orchestrator's liveness probe: it asks no database",
-        "responses": {
-          "200": {
-            "description": "The process answers",
-            "content": {
-              "application/json": {
-                "schema": {
-                  "type": "object",
-                  "required": ["status"],
-                  "properties": {"status": {"const": "ok"}}
-                }
-              }
-            }
-          }
-        }
+        "responses": {"200": {"$ref": "#/components/responses/Ok"}}
       }
     },
     "/metrics": {
@@ -2339,6 +2315,18 @@ OPENAPI = json.loads(
       }
     },
     "responses": {
+      "Ok": {
+        "description": "It answers",
+        "content": {
+          "application/json": {
+            "schema": {
+              "type": "object",
+              "required": ["status"],
+              "properties": {"status": {"const": "ok"}}
+            }
+          }
+        }
+      },
       "Error400": {
         "description": "The request is not valid; the message names the field and rule",
         "content": {

@@ -24,14 +24,16 @@ from testbed import (
     BrokenStore,
     FailingInput,
     HERE,
-    HTTP_METHODS,
     KEPT_IDS,
     OTHER_TOKEN,
     REPLACED_IDS,
     STATUSES_RAISED,
     TOKEN,
     answered_ids,
+    assert_405_with_the_allow_of_options_before_auth,
     assert_error,
+    assert_head_as_get,
+    assert_options_204_with_allow,
     body_of_size,
     call,
     follow_pages,
@@ -224,18 +226,10 @@ def test_unknown_path_is_404_before_auth(app, path):
     assert "WWW-Authenticate" not in response.headers
 
 
-# Each route's Allow is in docs/http.md's table, which a test holds to the app; this
-# test holds to the rule, whatever the routes: a 405 sends the Allow OPTIONS sends.
+# The rule, whatever the routes: a 405 sends the Allow OPTIONS sends (docs/http.md).
 @pytest.mark.parametrize("path", ["/plants", "/plants/1", "/plants/abc", "/health"])
 def test_other_methods_are_405_with_allow_before_auth(app, path):
-    # /plants/abc is no plant's path (OPTIONS answers 400), but a 405 comes first
-    allow = app.options(path.replace("abc", "1"), status=204).headers["Allow"]
-    for method in sorted(HTTP_METHODS - set(allow.split(", "))):
-        response = app.request(path, method=method, status=405, expect_errors=True)
-        if method != "HEAD":  # which has no body
-            assert_error(response, 405)
-        assert response.headers["Allow"] == allow, method
-        assert "WWW-Authenticate" not in response.headers, method
+    assert_405_with_the_allow_of_options_before_auth(app, path)
 
 
 def test_a_route_declared_beside_plants_id_is_found_as_it_is(app):
@@ -273,21 +267,7 @@ def test_a_route_declared_beside_plants_id_is_found_as_it_is(app):
 )
 def test_head_answers_as_get_would_without_a_body(store, path, headers, status):
     store.add(1, "Fern", None)
-    environ = {"HTTP_AUTHORIZATION": headers.get("Authorization", "")}
-    got, got_headers, body = call(
-        Application([TOKEN], store=store),
-        method="HEAD",
-        path=path.partition("?")[0],
-        environ={**environ, "QUERY_STRING": path.partition("?")[2]},
-    )
-    expected = call(
-        Application([TOKEN], store=store),
-        method="GET",
-        path=path.partition("?")[0],
-        environ={**environ, "QUERY_STRING": path.partition("?")[2]},
-    )
-    assert got == status == expected[0] and body is None  # no body bytes at all
-    assert got_headers == expected[1]  # Content-Length included: what GET would send
+    assert_head_as_get(Application([TOKEN], store=store), path, headers, status)
 
 
 def test_head_on_a_route_without_get_is_405_with_its_allow():
@@ -301,13 +281,7 @@ def test_head_on_a_route_without_get_is_405_with_its_allow():
 
 @pytest.mark.parametrize("path", ["/plants", "/plants/7"])
 def test_options_answers_204_with_allow_without_a_token(app, path):
-    response = app.options(path, status=204)
-    assert response.headers["Allow"] and response.body == b""
-    assert (
-        "Content-Type" not in response.headers
-        and "Content-Length" not in response.headers
-    )
-    assert not any(name.startswith("Access-Control") for name in response.headers)
+    assert_options_204_with_allow(app, path)
 
 
 def test_options_on_plants_id_answers_the_route_s_allow_whatever_the_id(app):

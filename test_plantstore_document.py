@@ -20,10 +20,10 @@ from plantstore import MAX_BODY_BYTES, make_app
 from testbed import (
     AUTH,
     FailingInput,
-    HTTP_METHODS,
     TOKEN,
-    assert_error,
-    call,
+    assert_405_with_the_allow_of_options_before_auth,
+    assert_head_as_get,
+    assert_options_204_with_allow,
     call_case,
     mounted_at_api,
     operations_of,
@@ -413,53 +413,14 @@ def test_schemathesis_from_the_document_of_an_app_mounted_at_api_finds_no_failur
     case.call_and_validate()
 
 
-# ---- The document's route: HEAD, OPTIONS and 405, as on the core's routes ----
-#
-# The cases of /openapi.json, a route make_app adds, of three tests of the core's file,
-# test_plantstore.py, which holds their other cases.
+# ---- The routes make_app adds: HEAD, OPTIONS and 405, as on the core's routes ----
 
 
-# Each route's Allow is in docs/http.md's table, which a test holds to the app; this
-# test holds to the rule, whatever the routes: a 405 sends the Allow OPTIONS sends.
-@pytest.mark.parametrize("path", ["/openapi.json"])
-def test_other_methods_are_405_with_allow_before_auth(app, path):
-    allow = app.options(path, status=204).headers["Allow"]
-    for method in sorted(HTTP_METHODS - set(allow.split(", "))):
-        response = app.request(path, method=method, status=405, expect_errors=True)
-        if method != "HEAD":  # which has no body
-            assert_error(response, 405)
-        assert response.headers["Allow"] == allow, method
-        assert "WWW-Authenticate" not in response.headers, method
-
-
-@pytest.mark.parametrize(
-    "path, headers, status", [("/openapi.json", {}, 200)], ids=["document"]
-)
-def test_head_answers_as_get_would_without_a_body(store, path, headers, status):
-    store.add(1, "Fern", None)
-    environ = {"HTTP_AUTHORIZATION": headers.get("Authorization", "")}
-    got, got_headers, body = call(
-        make_app([TOKEN], store=store),
-        method="HEAD",
-        path=path.partition("?")[0],
-        environ={**environ, "QUERY_STRING": path.partition("?")[2]},
-    )
-    expected = call(
-        make_app([TOKEN], store=store),
-        method="GET",
-        path=path.partition("?")[0],
-        environ={**environ, "QUERY_STRING": path.partition("?")[2]},
-    )
-    assert got == status == expected[0] and body is None  # no body bytes at all
-    assert got_headers == expected[1]  # Content-Length included: what GET would send
-
-
-@pytest.mark.parametrize("path", ["/openapi.json"])
-def test_options_answers_204_with_allow_without_a_token(app, path):
-    response = app.options(path, status=204)
-    assert response.headers["Allow"] and response.body == b""
-    assert (
-        "Content-Type" not in response.headers
-        and "Content-Length" not in response.headers
-    )
-    assert not any(name.startswith("Access-Control") for name in response.headers)
+@pytest.mark.parametrize("path", ["/openapi.json", "/metrics", "/livez"])
+def test_the_routes_make_app_adds_answer_head_options_and_405_as_the_core_s(
+    app, store, path
+):
+    """The rules test_plantstore.py holds the core's routes to, on these."""
+    assert_405_with_the_allow_of_options_before_auth(app, path)
+    assert_options_204_with_allow(app, path)
+    assert_head_as_get(make_app([TOKEN], store=store), path, AUTH, 200)

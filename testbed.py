@@ -735,6 +735,44 @@ def assert_error(response, status, message_part=""):
     assert "Traceback" not in response.json["message"]
 
 
+def assert_405_with_the_allow_of_options_before_auth(app, path):
+    """Every method path's route lacks is a 405 with the Allow its OPTIONS sends, and
+    no challenge: the token is not looked at."""
+    allow = app.options(path, status=204).headers["Allow"]
+    for method in sorted(HTTP_METHODS - set(allow.split(", "))):
+        response = app.request(path, method=method, status=405, expect_errors=True)
+        if method != "HEAD":  # which has no body
+            assert_error(response, 405)
+        assert response.headers["Allow"] == allow, method
+        assert "WWW-Authenticate" not in response.headers, method
+
+
+def assert_options_204_with_allow(app, path):
+    response = app.options(path, status=204)
+    assert response.headers["Allow"] and response.body == b""
+    assert (
+        "Content-Type" not in response.headers
+        and "Content-Length" not in response.headers
+    )
+    assert not any(name.startswith("Access-Control") for name in response.headers)
+
+
+def assert_head_as_get(application, path, headers, status):
+    """HEAD on path (its query included) answers the status and the headers GET does,
+    Content-Length included, and no body bytes at all."""
+    path, _, query = path.partition("?")
+    environ = {
+        "HTTP_AUTHORIZATION": headers.get("Authorization", ""),
+        "QUERY_STRING": query,
+    }
+    got, got_headers, body = call(
+        application, method="HEAD", path=path, environ=environ
+    )
+    expected = call(application, method="GET", path=path, environ=environ)
+    assert got == status == expected[0] and body is None
+    assert got_headers == expected[1]
+
+
 def assert_unavailable(response):
     assert_error(response, 503, "database")
     assert int(response.headers["Retry-After"]) > 0

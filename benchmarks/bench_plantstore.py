@@ -67,7 +67,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(1, str(HERE))  # create_cost.py, beside this file
 
+import create_cost  # noqa: E402 (after sys.path, which finds it)
 import plantstore  # noqa: E402 (after sys.path, so that it is this repository's)
 import plantstore_postgres  # noqa: E402 (as plantstore)
 
@@ -174,33 +176,8 @@ def falcon_installed():
 
 def request_environs(first_id, count):
     """WSGI environs for `count` valid creates with unique ids, built before the clock
-    starts."""
-    environs = []
-    for plant_id in range(first_id, first_id + count):
-        body = b'{"id": %d, "name": "Fern", "tag": "indoor"}' % plant_id
-        environs.append(
-            {
-                "REQUEST_METHOD": "POST",
-                "SCRIPT_NAME": "",
-                "PATH_INFO": "/plants",
-                "QUERY_STRING": "",
-                "SERVER_NAME": "localhost",
-                "SERVER_PORT": "80",
-                "SERVER_PROTOCOL": "HTTP/1.1",
-                "CONTENT_TYPE": "application/json",
-                "CONTENT_LENGTH": str(len(body)),
-                "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
-                "wsgi.version": (1, 0),
-                "wsgi.url_scheme": "http",
-                "wsgi.input": io.BytesIO(body),
-                "wsgi.errors": sys.stderr,
-                "wsgi.multithread": True,
-                "wsgi.multiprocess": False,
-                "wsgi.run_once": False,
-                "wsgi.input_terminated": True,
-            }
-        )
-    return environs
+    starts: create_cost.py's, with this run's token."""
+    return create_cost.environs(first_id, count, TOKEN)
 
 
 def time_round(apps, first_id, count, batch=100):

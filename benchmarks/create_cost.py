@@ -25,7 +25,7 @@ import time
 TOKEN = "bench-token-0123456789abcdef"
 
 
-def environs(first_id, count):
+def environs(first_id, count, token=TOKEN):
     """Environs of `count` valid creates with unique ids, as a server makes them."""
     made = []
     for plant_id in range(first_id, first_id + count):
@@ -41,7 +41,7 @@ def environs(first_id, count):
                 "SERVER_PROTOCOL": "HTTP/1.1",
                 "CONTENT_TYPE": "application/json",
                 "CONTENT_LENGTH": str(len(body)),
-                "HTTP_AUTHORIZATION": f"Bearer {TOKEN}",
+                "HTTP_AUTHORIZATION": f"Bearer {token}",
                 "wsgi.version": (1, 0),
                 "wsgi.url_scheme": "http",
                 "wsgi.input": io.BytesIO(body),
