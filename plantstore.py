@@ -1630,7 +1630,7 @@ class WebhookSender:
         if self._store:
             return self._store.session(
                 lambda run: run(sql, **parameters),
-                write=True,  # its one read, once a process, waits its turn too
+                write=True,  # its reads too, a few a process, wait their turn
                 transaction=True,
                 wait=BACKGROUND_WAIT,
                 background=True,
@@ -1784,8 +1784,10 @@ class WebhookSender:
             for event in events:
                 state.in_flight[event[0]] = event, probe
                 threading.Thread(
-                    target=self._attempt, args=(state, event), daemon=True
-                ).start()  # daemon: a stop waits for no receiver
+                    target=self._attempt,
+                    args=(state, event),
+                    daemon=True,  # a stop waits for no receiver
+                ).start()
 
     def _attempt(self, state, event):
         state.done.append((event[0], self._post(state, *event[1:4])))
@@ -1894,8 +1896,8 @@ class WebhookSender:
 def check_webhook_url(url):
     """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it
     can be delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
-    try:  # scheme, host and port as a browser's origin, so no user-info either
-        _origin(url)
+    try:
+        _origin(url)  # scheme, host and port as a browser's origin: no user-info
         good = not re.search(r"[\x00-\x20\x7f]", url)
     except ValueError:
         good = False

@@ -112,7 +112,7 @@ class PostgresStore(SQLStore):
                 raise ValueError(f"{DB_VARIABLE}: {name}: {refusal}") from None
             if not isinstance(error, self.outages):
                 raise
-            # The database is away at start: waited for, as any outage is.
+            # else the database is away at start: waited for, as any outage is
 
     # A connection refused for good, which no wait would mend, as the server says it
     # (libpq gives no SQLSTATE for it): in English, PostgreSQL's lc_messages by default.
@@ -269,12 +269,11 @@ def postgres_settings(conninfo):
                 "and password, write @ as %40, / as %2F, ? as %3F and # as %23; "
                 f"it takes {DB_FORMS}"
             )
-    try:  # libpq reads the scheme in lower case only
-        parameters = conninfo_to_dict(
+    try:
+        parameters = conninfo_to_dict(  # the scheme in lower case: libpq's only one
             re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)
         )
-    # libpq's message quotes the setting, password and all: never shown
-    except Exception:
+    except Exception:  # libpq's message quotes the setting, password and all: not shown
         raise ValueError(
             f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
             "digits, an option libpq does not know, or a word without =value; it "
