@@ -418,13 +418,13 @@ def test_a_failing_receiver_is_said_once_and_once_more_when_it_takes_events_agai
     back.wait_for(3)
     wait_until(lambda: "again" in caplog.text, "the receiver's return was not said")
     lines = [line for line in caplog.messages if "webhook receiver" in line]
-    assert lines == [
-        f"the webhook receiver {origin} fails (no answer); 3 events wait",
-        f"the webhook receiver {origin} takes events again; 2 events wait",
-    ] or lines == [
-        f"the webhook receiver {origin} fails (no answer); 3 events wait",
-        f"the webhook receiver {origin} takes events again; 0 events wait",
-    ], lines
+    assert len(lines) == 2, lines
+    assert lines[0] == f"the webhook receiver {origin} fails (no answer); 3 events wait"
+    # the events still waiting as it is said: the others go meanwhile, from threads
+    assert re.fullmatch(
+        f"the webhook receiver {re.escape(origin)} takes events again; [0-2] events wait",
+        lines[1],
+    ), lines
     assert "SECRET" not in caplog.text
 
 
