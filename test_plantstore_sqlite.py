@@ -399,7 +399,8 @@ def test_sqlite_full_at_start_is_waited_for_as_an_outage(spawn, tmp_path):
         stop_service(process)
         # the last connection to close checkpoints the WAL and removes -wal and -shm:
         # as after an idle stop, or the operator's sqlite3 (a backup, a look)
-        sqlite3.connect(db).close()
+        with contextlib.closing(sqlite3.connect(db)) as last:
+            last.execute("SELECT count(*) FROM plants").fetchall()  # opens the WAL
         assert sorted(path.name for path in folder.iterdir()) == [
             "plants.sqlite3",
             "plants.sqlite3-writers",
