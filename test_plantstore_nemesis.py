@@ -155,7 +155,7 @@ def test_nemesis_checker_reads_each_answer_as_the_contract_says():
     listing = [1, 2, 3, 4, 7, 9, 10]  # 10: never sent
 
     def delivery(plant_id, status=200, verified=True):
-        return {"id": plant_id, "status": status, "verified": verified}
+        return {"id": plant_id, "status": status, "verified": verified, "t": 5}
 
     deliveries = [
         *map(delivery, [1, 1, 2, 4, 5, 6, 11]),
@@ -177,6 +177,8 @@ def test_nemesis_checker_reads_each_answer_as_the_contract_says():
     assert report["unexpected"] == {"list 500": 1}
     assert report["faults"] == {"kill-worker": {"count": 1, "seconds": 1.0}}
     assert report["latency"]["fault"]["requests"] == 7  # under way in [1.5, 2.5]
+    # from the create's answer (1, or 2 after a retry) to the delivery (5)
+    assert report["delivery_delay"] == {"p50": 4, "p99": 4, "max": 4}
     loads = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('nemesis', {str(NEMESIS)!r})\n"

@@ -25,6 +25,8 @@ What runs:
   503, a cut connection, a refusal or a timeout is retried with the same id until the
   answer is 200 or 409. It deletes some of the plants it made, retrying likewise until
   204 or 404, and reads a few pages of the listing. It waits Retry-After after a 503.
+  Each sends its next operation once it has its answer, or at --rate operations a
+  second for all of them together.
 - a receiver, on a port of its own: it verifies each delivery as it comes, with
   standardwebhooks, and logs it (the plant's id, its webhook-id, verified or not, what
   it answered).
@@ -36,8 +38,11 @@ What runs:
 
 After --seconds (or --creates), the faults stop: every fault is undone, the clients
 start nothing new and get an answer to each operation under way (within 60 s), and the
-service settles: the run waits, within --settle seconds, until GET /metrics says the
-database is up and no webhook event waits for the receiver.
+service settles: the run waits until GET /metrics says the database is up and no
+webhook event waits for the receiver, for as long as the backlog keeps falling; it
+gives up once --settle seconds (420) pass without a new low: the schedule's 300 s step
+with its jitter, a lease (17 s) and an attempt (15 s). Under a load the webhook sender
+cannot keep up with, the backlog grows while the load lasts, and drains after it.
 
 The checker then reads the whole listing through the HTTP API, and the receiver's log;
 it imports nothing of plantstore. What it trusts is the clients' own record of what
@@ -790,6 +795,7 @@ def check(operations, listing, deliveries, faults):
     operations: [kind, plant id, [(sent, answered, outcome), ...]]; listing: the ids
     listed; deliveries: the receiver's log entries; faults: {"kind", "start", "end"}."""
     sent_ids, stored, removed, unresolved = set(), set(), set(), []
+    acknowledged = {}  # plant id: when its create's last answer came
     wrong_409, wrong_404, unexpected = [], [], collections.Counter()
     outcomes = {kind: collections.Counter() for kind in EXPECTED}
     finals = {kind: collections.Counter() for kind in EXPECTED}
@@ -813,6 +819,7 @@ def check(operations, listing, deliveries, faults):
             sent_ids.add(plant_id)
             if final == 200 or (final == 409 and explained):
                 stored.add(plant_id)
+                acknowledged[plant_id] = attempts[-1][1]
             if final == 409 and not explained:
                 wrong_409.append(plant_id)
         elif final == 204 or (final == 404 and explained):
@@ -825,6 +832,12 @@ def check(operations, listing, deliveries, faults):
         for entry in deliveries
         if entry["verified"] and 200 <= entry["status"] < 300
     )
+    first = {}  # plant id: when its first delivery was taken
+    for entry in deliveries:
+        if entry["verified"] and 200 <= entry["status"] < 300:
+            first.setdefault(entry["id"], entry["t"])
+    # from the create's answer to the first delivery taken: 0 when it came first
+    delays = sorted(max(0.0, first[n] - acknowledged[n]) for n in stored if n in first)
     forged = [
         entry
         for entry in deliveries
@@ -858,6 +871,11 @@ def check(operations, listing, deliveries, faults):
         "duplicates": dict(
             sorted(collections.Counter(delivered[n] for n in stored).items())
         ),
+        "delivery_delay": {
+            "p50": percentile(delays, 0.5),
+            "p99": percentile(delays, 0.99),
+            "max": delays[-1] if delays else None,
+        },
         "stored": len(stored),
         "listed": len(listing),
         "removed": len(removed),
@@ -1173,13 +1191,18 @@ class Run:
             self.backlog.append((round(self.clock(), 1), up, waiting))
 
     def settle(self):
-        """Seconds until /metrics says the database is up and no event waits, or
-        None after --settle seconds."""
-        start = time.monotonic()
-        while time.monotonic() < start + self.options.settle:
+        """Seconds until /metrics says the database is up and no event waits; or None
+        once --settle seconds pass with the backlog at no new low (a backlog that
+        keeps falling is waited for, however large: the sender drains it at its
+        pace)."""
+        start = last_low = time.monotonic()
+        low = math.inf
+        while time.monotonic() < last_low + self.options.settle:
             up, waiting = self.metrics()
             if up and waiting == 0:
                 return time.monotonic() - start
+            if up and waiting is not None and waiting < low:
+                low, last_low = waiting, time.monotonic()
             time.sleep(1)
         return None
 
@@ -1289,12 +1312,16 @@ def sweep_mounts():
 def table(report):
     """The report as text: a summary, then the counts as a Markdown table."""
     ops, attempts, lat = report["operations"], report["attempts"], report["latency"]
+    delay = report["delivery_delay"]
 
     def counts(counter):
         return ", ".join(f"{key} x {value}" for key, value in sorted(counter.items()))
 
     def ms(value):
         return "-" if value is None else f"{value * 1000:.0f} ms"
+
+    def seconds(value):
+        return "-" if value is None else f"{value:.1f} s"
 
     lines = [
         f"seed {report['seed']}, {report['store_shown']} under {report['server']}, "
@@ -1319,6 +1346,9 @@ def table(report):
         + f" (bound {report['settle_bound']} s); the outbox held at most "
         f"{report['backlog_max']:.0f} events; stored {report['stored']}, "
         f"listed {report['listed']}, removed {report['removed']}",
+        f"webhook delay, from a create's answer to its first delivery taken: p50 "
+        f"{seconds(delay['p50'])}, p99 {seconds(delay['p99'])}, max "
+        f"{seconds(delay['max'])}",
         f"latency of a request: calm p50 {ms(lat['calm']['p50'])}, p99 "
         f"{ms(lat['calm']['p99'])} ({lat['calm']['requests']}); in fault p50 "
         f"{ms(lat['fault']['p50'])}, p99 {ms(lat['fault']['p99'])} "
@@ -1400,8 +1430,8 @@ def parse(argv):
         "--settle",
         type=float,
         default=420,
-        help="seconds the service has to drain its outbox after the faults (420: the "
-        "schedule's 300 s step, its jitter, a lease and an attempt)",
+        help="after the faults, the longest the outbox may go without draining further "
+        "(420 s: the schedule's 300 s step, its jitter, a lease and an attempt)",
     )
     parser.add_argument(
         "--tmpfs-mb", type=int, default=256, help="the SQLite tmpfs, for disk-full"
