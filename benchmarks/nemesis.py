@@ -15,11 +15,11 @@ tmpfs and partition makes network namespaces: both need root, as CI has.
 
 What runs:
 - the server, a recipe of the README: `gunicorn -w 2 --threads 4`, or granian with the
-  flags of deploy/plantstore-granian.service for the store, with
-  --respawn-failed-workers (without it, a killed worker ends granian); on an SQLite
-  file, or on a PostgreSQL of its own (fsync on), with a webhook receiver and its
-  secret. Every secret (the token, the webhook secret, the database's URL) is in a file
-  of the run's, named by PLANTSTORE_*_FILE, never on a command line.
+  flags of deploy/plantstore-granian.service for the store (their
+  --respawn-failed-workers replaces a killed worker); on an SQLite file, or on a
+  PostgreSQL of its own (fsync on), with a webhook receiver and its secret. Every
+  secret (the token, the webhook secret, the database's URL) is in a file of the
+  run's, named by PLANTSTORE_*_FILE, never on a command line.
 - --clients clients, each in a thread. A client creates plants, each id once, the id
   written in the plant's name ("nemesis 1000000007"), since the listing has no ids: a
   503, a cut connection, a refusal or a timeout is retried with the same id until the
@@ -285,8 +285,6 @@ class Server:
             flags = granian_recipe(options.store)
             flags[flags.index("--host") + 1] = run.app_address
             flags[flags.index("--port") + 1] = str(run.app_port)
-            if "--respawn-failed-workers" not in flags:  # a killed worker is replaced
-                flags.append("--respawn-failed-workers")
             self.workers = int(flags[flags.index("--workers") + 1])
             self.command = [sys.executable, "-m", "granian", *flags, "plantstore:app"]
             shown = " ".join(flags)
