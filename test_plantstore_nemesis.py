@@ -5,13 +5,23 @@ plantstore with a defect planted in it loses. docs/reliability.md has the long f
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from testbed import HERE, WAIT, environ_without_tokens
+from testbed import (
+    HERE,
+    TOKEN,
+    WAIT,
+    environ_without_tokens,
+    granian_recipe,
+    listed_ids,
+    post_over_http,
+    start_granian,
+)
 
 NEMESIS = HERE / "benchmarks" / "nemesis.py"
 # The short form: its seed draws every kind below within its first four episodes
@@ -193,3 +203,26 @@ def test_nemesis_checker_reads_each_answer_as_the_contract_says():
         cwd=HERE,
     )
     assert (imported.returncode, imported.stdout) == (0, "set()\n"), imported.stderr
+
+
+# ---- What the nemesis found, each with a test of its own ----
+
+
+def test_nemesis_found_granian_replaces_a_killed_worker(spawn, tmp_path):
+    """The nemesis's kill-worker under granian: with the SQL recipes as they were, one
+    worker killed ended granian whole, exit status 1, which the unit does not restart.
+    With --respawn-failed-workers, in both SQL recipes, the worker is replaced, and
+    creates go on."""
+    for store in ("sqlite", "postgres"):
+        assert "--respawn-failed-workers" in granian_recipe(store), store
+    db = tmp_path / "plants.sqlite3"
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(db))
+    server = start_granian(spawn, env, "sqlite")
+    os.kill(server.pids[0], signal.SIGKILL)
+    server.log.until(r"Respawning worker-1")
+    server.log.until(r"Started worker-1 runtime")
+    for plant_id in range(1, 11):  # each worker answers some of them
+        document = {"id": plant_id, "name": f"plant {plant_id}"}
+        assert post_over_http("127.0.0.1", server.port, TOKEN, document)[0] == 200
+    assert listed_ids("127.0.0.1", server.port) == list(range(1, 11))
+    assert server.process.poll() is None, server.log.so_far()
