@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -21,12 +22,18 @@ from testbed import (
     listed_ids,
     post_over_http,
     start_granian,
+    start_gunicorn,
+    stop_service,
+    wait_apps_built,
+    wait_until,
 )
 
 NEMESIS = HERE / "benchmarks" / "nemesis.py"
 # The short form: its seed draws every kind below within its first four episodes
-# (about 35 s of them), the SQLite file on a tmpfs for disk-full; each fault 8 s at
-# most; 150 operations a second, which the webhook sender outpaces, so that the
+# (about 30 s of them), and no restart of the server in a spell of the receiver's or
+# just after (a restart then leaves the receiver's oldest events on their schedule, up
+# to 6 min: docs/reliability.md); the SQLite file on a tmpfs for disk-full; each fault
+# 8 s at most; 150 operations a second, which the webhook sender outpaces, so that the
 # outbox drains in seconds once the faults stop (unpaced, it grows: 40 s to drain)
 SHORT_FAULTS = (
     "kill-worker",
@@ -38,7 +45,7 @@ SHORT_FAULTS = (
     "receiver-503",
 )
 SHORT = (
-    *("--seed", "34", "--seconds", "40", "--max-fault-seconds", "8", "--rate", "150"),
+    *("--seed", "1644", "--seconds", "40", "--max-fault-seconds", "8", "--rate", "150"),
     *("--settle", "120", "--tmpfs-mb", "64", "--faults", ",".join(SHORT_FAULTS)),
 )
 # the longest a run may take before the test gives up on it: a hang, not a speed
@@ -226,3 +233,61 @@ def test_nemesis_found_granian_replaces_a_killed_worker(spawn, tmp_path):
         assert post_over_http("127.0.0.1", server.port, TOKEN, document)[0] == 200
     assert listed_ids("127.0.0.1", server.port) == list(range(1, 11))
     assert server.process.poll() is None, server.log.so_far()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 54's finding, for plantstore.py: SQLiteStore takes a full disk at "
+    "start for a bad setting; drop this mark with the fix",
+)
+def test_nemesis_found_sqlite_waits_for_room_at_start(spawn, tmp_path):
+    """The nemesis's disk-full and restart-server led here: gunicorn started while the
+    SQLite file's filesystem is full, with no -wal nor -shm beside the file (the last
+    connection to close removes them). Each worker must wait for room, as a PostgreSQL
+    away at start is waited for: 503 while it is full, 200 once it is freed, gunicorn
+    serving throughout. It did not: each worker stopped at "cannot be opened as a
+    plantstore database: disk I/O error" (SQLite cannot make its -shm), and gunicorn
+    exited 4 or 1, statuses the unit does not restart: the service stayed down once
+    the disk had room again."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=700", "tmpfs", str(folder)],
+        check=True,
+        timeout=WAIT,
+    )
+    try:
+        db = folder / "plants.sqlite3"
+        env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(db))
+        process, host, port, _ = start_gunicorn(spawn, env, 2, 4)
+        assert post_over_http(host, port, TOKEN, {"id": 1, "name": "plant 1"})[0] == 200
+        stop_service(process)
+        # the last connection to close checkpoints the WAL and removes -wal and -shm:
+        # as after an idle stop, or the operator's sqlite3 (a backup, a look)
+        sqlite3.connect(db).close()
+        assert sorted(path.name for path in folder.iterdir()) == [
+            "plants.sqlite3",
+            "plants.sqlite3-writers",
+            "plants.sqlite3-writers-bell",
+        ]
+        with open(folder / "filler", "wb", buffering=0) as filler:
+            free = os.statvfs(folder)
+            os.posix_fallocate(filler.fileno(), 0, free.f_bavail * free.f_frsize)
+            filler.seek(0, os.SEEK_END)
+            with pytest.raises(OSError):  # to the last byte
+                for _ in range(4096):
+                    filler.write(b"\0" * 512)
+        process, host, port, err = start_gunicorn(spawn, env, 2, 4)
+        wait_apps_built(err, 2)  # the line each worker says once it has built the app
+        document = {"id": 2, "name": "plant 2"}
+        assert post_over_http(host, port, TOKEN, document)[0] == 503
+        (folder / "filler").unlink()
+        wait_until(
+            lambda: post_over_http(host, port, TOKEN, document)[0] == 200,
+            "no create succeeded once the disk had room",
+            seconds=10,
+        )
+        assert process.poll() is None, err.so_far()
+        stop_service(process)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, timeout=WAIT)

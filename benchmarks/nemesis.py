@@ -32,9 +32,9 @@ What runs:
   it answered).
 - the nemesis: from --seed alone, it draws each episode, so that the same seed gives the
   same faults in the same order: a calm of 1 to 5 s, then one fault, or two together
-  (a third of the time) on different targets (the server, the database, the receiver),
-  each for a drawn duration (--max-fault-seconds caps them). --list-faults says what
-  each does.
+  (a third of the time; the second 0 to 3 s after the first) on different targets
+  (the server, the database, the receiver), each for a drawn duration
+  (--max-fault-seconds caps them). --list-faults says what each does.
 
 After --seconds (or --creates), the faults stop: every fault is undone, the clients
 start nothing new and get an answer to each operation under way (within 60 s), and the
@@ -111,6 +111,7 @@ RESOLVE_SECONDS = 60  # after the faults, for each operation under way to get it
 GRANIAN_CRASH_LOOP = 6  # granian exits if a respawned worker dies within 5.5 s
 CALM = (1, 5)  # seconds of calm before each episode
 TOGETHER = 1 / 3  # the share of episodes with two faults at once
+SECOND_AFTER = (0, 3)  # seconds from the first fault of two to the second
 MIX = {"create": 0.75, "delete": 0.15, "list": 0.10}  # what a client does next
 PAGE = 100  # plants a page, when a client reads the listing
 ID_BLOCK = 10**9  # client n's ids are n * ID_BLOCK + 1, + 2, ...
@@ -140,11 +141,11 @@ FAULTS = {
     "restart-server": Fault(
         target="server",
         stores=STORES,
-        seconds=(0, 0),
+        seconds=(0, 3),
         root=False,
         default=True,
-        does="SIGTERM the whole server (its master), wait for it to stop, start it "
-        "again on the same port",
+        does="SIGTERM the whole server (its master), wait for it to stop, leave it "
+        "down for the duration, start it again on the same port",
     ),
     "pg-stop": Fault(
         target="database",
@@ -264,7 +265,7 @@ class Server:
 
     def __init__(self, run):
         self.run, self.process, self.lock = run, None, threading.Lock()
-        self.last_kill = -math.inf
+        self.last_kill, self.log = -math.inf, run.out / "server.log"
         options = run.options
         if options.server == "gunicorn":
             self.workers = 2
@@ -292,6 +293,8 @@ class Server:
             self.recipe = f"granian {shown}"
 
     def start(self):
+        """Start it; return True once it listens with all its workers, False if it
+        exited first (it cannot boot: the watch says so and tries again)."""
         with open(self.run.out / "server.log", "a") as log:
             log.write(f"==== nemesis: start at {self.run.clock():.3f} s\n")
             log.flush()
@@ -310,14 +313,20 @@ class Server:
                     (self.run.app_address, self.run.app_port), timeout=WAIT
                 ).close()
                 break
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the server did not start: see {self.run.out / 'server.log'}"
-                )
+            if self.process.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start: see {self.log}")
             time.sleep(0.05)
         while len(children(self.process.pid)) < self.workers:
-            assert time.monotonic() < deadline, "the server's workers did not start"
+            if self.process.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the server's workers did not start: see {self.log}"
+                )
             time.sleep(0.05)
+        return True
 
     def stop(self, seconds=WAIT):
         """SIGTERM its master and wait for it to end; SIGKILL what is left after
@@ -337,16 +346,18 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         return status
 
-    def restart(self):
+    def restart(self, down=0.0):
+        """Stop it, leave it down `down` seconds, start it again."""
         with self.lock:
             status = self.stop()
+            time.sleep(down)
             self.run.note(
                 "restart-server",
                 f"the server's master ended with status {status} after SIGTERM"
                 if status not in (0,)
                 else None,
             )
-            self.start()
+            self.start()  # if it cannot boot, the watch says so, and starts it again
 
     def kill_worker(self, which):
         """SIGKILL worker number `which` (modulo their number), once the master has all
@@ -373,18 +384,36 @@ class Server:
                 time.sleep(0.05)
 
     def watch(self, stop):
-        """Until `stop`, note a master that ended by itself, and start it again."""
+        """Until `stop`, note a master that ended by itself, with plantstore's last
+        lines, and start it again every second until it serves (systemd would not,
+        after the statuses its RestartPreventExitStatus= lists: a bad setting's)."""
+        down = None  # since when it has been down, and its tries
         while not stop.wait(0.5):
             with self.lock:
                 status = self.process.poll()
                 if status is None:
+                    if down:
+                        self.run.note(
+                            "server-exit",
+                            f"the server serves again, {self.run.clock() - down[0]:.1f}"
+                            f" s and {down[1]} starts later",
+                        )
+                        down = None
                     continue
-                self.run.note(
-                    "server-exit",
-                    f"the server's master exited by itself, status {status}: "
-                    f"see {self.run.out / 'server.log'}",
-                )
+                if not down:
+                    said = [
+                        line.strip()
+                        for line in self.log.read_text().splitlines()[-200:]
+                        if line.startswith("plantstore:") or "Halt" in line
+                    ]
+                    self.run.note(
+                        "server-exit",
+                        f"the server's master exited by itself, status {status}; its "
+                        f"last lines: {said[-3:]}",
+                    )
+                    down = [self.run.clock(), 0]
                 kill_tree(self.process.pid)
+                down[1] += 1
                 self.start()
 
 
@@ -1014,7 +1043,8 @@ class Run:
         self.server_env = env
         self.server = Server(self)
         self.cleanups.append(lambda: self.server.stop(seconds=5))
-        self.server.start()
+        if not self.server.start():
+            raise RuntimeError(f"the server did not start: see {self.server.log}")
 
     def cleanup(self):
         while self.cleanups:
@@ -1024,8 +1054,9 @@ class Run:
     # -- the faults --
 
     def episodes(self):
-        """Each episode, drawn from the seed alone: (calm, [(kind, seconds, detail),
-        ...])."""
+        """Each episode, drawn from the seed alone: (calm, [(kind, seconds, detail,
+        offset), ...]), the second fault of two starting `offset` seconds after the
+        first."""
         rng, kinds = random.Random(self.options.seed), sorted(self.options.faults)
         while True:
             calm = rng.uniform(*CALM)
@@ -1043,7 +1074,8 @@ class Run:
                     "pg-restart": lambda: rng.choice(["fast", "immediate"]),
                     "receiver-slow": lambda: round(rng.uniform(0.5, 5), 1),
                 }.get(kind, lambda: None)()
-                drawn.append((kind, round(seconds, 1), detail))
+                offset = round(rng.uniform(*SECOND_AFTER), 1) if drawn else 0
+                drawn.append((kind, round(seconds, 1), detail, offset))
             yield calm, drawn
 
     def nemesis(self):
@@ -1052,8 +1084,10 @@ class Run:
             if self.creates_done.wait(calm) or self.clock() >= self.options.seconds:
                 return
             said = " + ".join(
-                f"{kind} {seconds} s" + (f" ({detail})" if detail is not None else "")
-                for kind, seconds, detail in drawn
+                (f"{offset} s later " if offset else "")
+                + f"{kind} {seconds} s"
+                + (f" ({detail})" if detail is not None else "")
+                for kind, seconds, detail, offset in drawn
             )
             self.say(f"fault: {said}")
             threads = [
@@ -1064,7 +1098,8 @@ class Run:
             for thread in threads:
                 thread.join()
 
-    def fault(self, kind, seconds, detail):
+    def fault(self, kind, seconds, detail, offset):
+        time.sleep(offset)
         start = time.monotonic()
         try:
             getattr(self, "fault_" + kind.replace("-", "_"))(seconds, detail)
@@ -1082,8 +1117,8 @@ class Run:
     def fault_kill_worker(self, _seconds, which):
         self.server.kill_worker(which)
 
-    def fault_restart_server(self, _seconds, _detail):
-        self.server.restart()
+    def fault_restart_server(self, seconds, _detail):
+        self.server.restart(seconds)
 
     def fault_pg_stop(self, seconds, _detail):
         with frozen_postgres(self.postgres):
@@ -1138,6 +1173,7 @@ class Run:
                 free = os.statvfs(self.mount)
                 with contextlib.suppress(OSError):
                     os.posix_fallocate(file.fileno(), 0, free.f_bavail * free.f_frsize)
+                file.seek(0, os.SEEK_END)
                 with contextlib.suppress(OSError):  # the last bytes, to ENOSPC
                     for _ in range(1 << 20):
                         file.write(b"\0" * 512)
