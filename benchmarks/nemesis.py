@@ -1,0 +1,1523 @@
+"""Nothing lost, measured (issue 54): plantstore under a production recipe, clients that
+create, delete and list, a webhook receiver, a stream of faults; then a checker that
+reads what the service holds and says what, if anything, was lost.
+
+    python benchmarks/nemesis.py                                # SQLite, gunicorn, 60 s
+    python benchmarks/nemesis.py --store postgres --seconds 600 --seed 7
+    python benchmarks/nemesis.py --server granian --faults kill-worker,receiver-503
+    python benchmarks/nemesis.py --list-faults                  # the faults, and which
+                                                                # run by default
+
+Needs the test extra (pip install -e '.[test]'): PostgreSQL is started as the tests
+start it (initdb and pg_ctl in a temporary folder, on a free port), and the receiver
+checks each signature with the reference library, standardwebhooks. disk-full mounts a
+tmpfs and partition makes network namespaces: both need root, as CI has.
+
+What runs:
+- the server, a recipe of the README: `gunicorn -w 2 --threads 4`, or granian with the
+  flags of deploy/plantstore-granian.service for the store (their
+  --respawn-failed-workers replaces a killed worker); on an SQLite file, or on a
+  PostgreSQL of its own (fsync on), with a webhook receiver and its secret. Every
+  secret (the token, the webhook secret, the database's URL) is in a file of the
+  run's, named by PLANTSTORE_*_FILE, never on a command line.
+- --clients clients, each in a thread. A client creates plants, each id once, the id
+  written in the plant's name ("nemesis 1000000007"), since the listing has no ids: a
+  503, a cut connection, a refusal or a timeout is retried with the same id until the
+  answer is 200 or 409. It deletes some of the plants it made, retrying likewise until
+  204 or 404, and reads a few pages of the listing. It waits Retry-After after a 503.
+  Each sends its next operation once it has its answer, or at --rate operations a
+  second for all of them together.
+- a receiver, on a port of its own: it verifies each delivery as it comes, with
+  standardwebhooks, and logs it (the plant's id, its webhook-id, verified or not, what
+  it answered).
+- the nemesis: from --seed alone, it draws each episode, so that the same seed gives the
+  same faults in the same order: a calm of 1 to 5 s, then one fault, or two together
+  (a third of the time; the second 0 to 3 s after the first) on different targets
+  (the server, the database, the receiver), each for a drawn duration
+  (--max-fault-seconds caps them). --list-faults says what each does.
+
+After --seconds (or --creates), the faults stop: every fault is undone, the clients
+start nothing new and get an answer to each operation under way (within 60 s), and the
+service settles: the run waits until GET /metrics says the database is up and no
+webhook event waits for the receiver, for as long as the backlog keeps falling; it
+gives up once --settle seconds (420) pass without a new low: the schedule's 300 s step
+with its jitter, a lease (17 s) and an attempt (15 s). Under a load the webhook sender
+cannot keep up with, the backlog grows while the load lasts, and drains after it.
+
+The checker then reads the whole listing through the HTTP API, and the receiver's log;
+it imports nothing of plantstore. What it trusts is the clients' own record of what
+they sent and were answered, the receiver's log, and the listing. It counts:
+- lost: a plant whose create was answered 200, or 409 after a 503 or a cut of our own,
+  that is not listed, and that no delete of ours removed (answered 204, or 404 after a
+  503 or a cut of its own);
+- phantom: a listed plant whose id no client sent, or whose create never got 200 or 409;
+- resurrected: a listed plant that a delete of ours removed;
+- wrong 409: a 409 to a create that no earlier attempt can have stored (its first
+  attempt, or one after refusals only);
+- webhooks missing: a stored plant (a create answered as above) of which no delivery was
+  verified and answered 2xx;
+- forged: a delivery whose signature fails, or for a plant never stored;
+- duplicates: how many deliveries each stored plant had;
+- the operations by outcome, the faults by kind, and p50/p99 latency of a request in
+  calm and in fault (a request in fault is one under way while a fault was).
+
+It prints a report (a table to paste in docs/reliability.md) and writes its files in
+--out (the server's log, each operation, each delivery, each fault, report.json). The
+exit status is 0 when lost, phantom, resurrected, wrong 409, webhooks missing and forged
+are all 0 and every operation got its answer; else 1.
+"""
+
+import argparse
+import base64
+import collections
+import contextlib
+import fcntl
+import http.client
+import http.server
+import json
+import math
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+import standardwebhooks  # noqa: E402 (after sys.path, as the rest)
+
+from testbed import (  # noqa: E402
+    Postgres,
+    free_port,
+    frozen_postgres,
+    granian_recipe,
+)
+
+WAIT = 60  # seconds a server may take to start, or to stop on SIGTERM
+CLIENT_TIMEOUT = 30  # seconds a client waits for an answer; past it, a timeout
+RESOLVE_SECONDS = 60  # after the faults, for each operation under way to get its answer
+GRANIAN_CRASH_LOOP = 6  # granian exits if a respawned worker dies within 5.5 s
+CALM = (1, 5)  # seconds of calm before each episode
+TOGETHER = 1 / 3  # the share of episodes with two faults at once
+SECOND_AFTER = (0, 3)  # seconds from the first fault of two to the second
+MIX = {"create": 0.75, "delete": 0.15, "list": 0.10}  # what a client does next
+PAGE = 100  # plants a page, when a client reads the listing
+ID_BLOCK = 10**9  # client n's ids are n * ID_BLOCK + 1, + 2, ...
+NAME = "nemesis {}"  # a plant's name: its id is its second word, as testbed reads it
+
+# the answers each operation may get, as plantstore promises them
+EXPECTED = {"create": {200, 409, 503}, "delete": {204, 404, 503}, "list": {200, 503}}
+FINAL = {"create": {200, 409}, "delete": {204, 404}, "list": {200}}
+
+
+class Fault(SimpleNamespace):
+    """A kind of fault: its target (two faults at once never share one), the stores it
+    applies to, the range of its duration (s), whether it needs root, whether it runs
+    by default, and what it does."""
+
+
+STORES = {"sqlite", "postgres"}
+FAULTS = {
+    "kill-worker": Fault(
+        target="server",
+        stores=STORES,
+        seconds=(0, 0),
+        root=False,
+        default=True,
+        does="SIGKILL one worker of the server; its master starts another",
+    ),
+    "restart-server": Fault(
+        target="server",
+        stores=STORES,
+        seconds=(0, 3),
+        root=False,
+        default=True,
+        does="SIGTERM the whole server (its master), wait for it to stop, leave it "
+        "down for the duration, start it again on the same port",
+    ),
+    "pg-stop": Fault(
+        target="database",
+        stores={"postgres"},
+        seconds=(1, 40),
+        root=False,
+        default=True,
+        does="every process of PostgreSQL stopped (SIGSTOP), then continued: a "
+        "database that accepts and answers nothing",
+    ),
+    "pg-restart": Fault(
+        target="database",
+        stores={"postgres"},
+        seconds=(0, 3),
+        root=False,
+        default=True,
+        does="pg_ctl stop -m fast or -m immediate (drawn), down for the duration, "
+        "then pg_ctl start (after immediate: crash recovery)",
+    ),
+    "pg-read-only": Fault(
+        target="database",
+        stores={"postgres"},
+        seconds=(1, 20),
+        root=False,
+        default=True,
+        does="default_transaction_read_only on, reloaded, as a demoted primary; then "
+        "off",
+    ),
+    "partition": Fault(
+        target="database",
+        stores={"postgres"},
+        seconds=(1, 40),
+        root=True,
+        default=True,
+        does="the link between the app's host and the database's host down (network "
+        "namespaces, as the partition tests): silence, no reset; then up",
+    ),
+    "sqlite-held": Fault(
+        target="database",
+        stores={"sqlite"},
+        seconds=(1, 15),
+        root=False,
+        default=True,
+        does="another process holds the SQLite file in an exclusive transaction "
+        "(BEGIN EXCLUSIVE), then rolls back",
+    ),
+    "disk-full": Fault(
+        target="database",
+        stores={"sqlite"},
+        seconds=(1, 15),
+        root=True,
+        default=True,
+        does="the SQLite file's filesystem (a tmpfs of --tmpfs-mb) filled to the last "
+        "byte, then freed",
+    ),
+    "receiver-down": Fault(
+        target="receiver",
+        stores=STORES,
+        seconds=(1, 20),
+        root=False,
+        default=True,
+        does="the receiver closes its port: every delivery is refused",
+    ),
+    "receiver-slow": Fault(
+        target="receiver",
+        stores=STORES,
+        seconds=(2, 20),
+        root=False,
+        default=True,
+        does="the receiver waits 0.5 to 5 s (drawn) before each answer",
+    ),
+    "receiver-503": Fault(
+        target="receiver",
+        stores=STORES,
+        seconds=(1, 20),
+        root=False,
+        default=True,
+        does="the receiver answers 503 to every delivery",
+    ),
+    "receiver-500": Fault(
+        target="receiver",
+        stores=STORES,
+        seconds=(0.5, 2),
+        root=False,
+        default=False,
+        does="the receiver answers 500: not retried for 5 s, then 300 s, so a spell "
+        "is kept short; an event that meets two waits 300 s: --settle covers it",
+    ),
+}
+
+
+# ---- Processes: the servers and a holder of the SQLite file ----
+
+
+def children(pid):
+    """The process ids whose parent is pid."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def kill_tree(pid):
+    """SIGKILL a process and its children (a server's master and its workers)."""
+    for each in [*children(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
+
+
+class Server:
+    """plantstore under gunicorn or granian, started again on the same address after a
+    stop; its output appended to one log file. A master that exits by itself (not
+    stopped by the nemesis) is noted and started again, as systemd would."""
+
+    def __init__(self, run):
+        self.run, self.process, self.lock = run, None, threading.Lock()
+        self.last_kill, self.log = -math.inf, run.out / "server.log"
+        options = run.options
+        if options.server == "gunicorn":
+            self.workers = 2
+            self.command = [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-w",
+                "2",
+                "--threads",
+                "4",
+                "-b",
+                f"{run.app_address}:{run.app_port}",
+                "plantstore:app",
+            ]
+            self.recipe = "gunicorn -w 2 --threads 4"
+        else:
+            flags = granian_recipe(options.store)
+            flags[flags.index("--host") + 1] = run.app_address
+            flags[flags.index("--port") + 1] = str(run.app_port)
+            self.workers = int(flags[flags.index("--workers") + 1])
+            self.command = [sys.executable, "-m", "granian", *flags, "plantstore:app"]
+            shown = " ".join(flags)
+            shown = re.sub(r" --(host|port) \S+", "", shown)
+            self.recipe = f"granian {shown}"
+
+    def start(self):
+        """Start it; return True once it listens with all its workers, False if it
+        exited first (it cannot boot: the watch says so and tries again)."""
+        with open(self.run.out / "server.log", "a") as log:
+            log.write(f"==== nemesis: start at {self.run.clock():.3f} s\n")
+            log.flush()
+            self.process = subprocess.Popen(
+                [*self.run.inside_app, *self.command],
+                cwd=self.run.plantstore,
+                env=self.run.server_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + WAIT
+        while True:  # its socket listens: requests wait in its backlog for a worker
+            with contextlib.suppress(OSError):
+                socket.create_connection(
+                    (self.run.app_address, self.run.app_port), timeout=WAIT
+                ).close()
+                break
+            if self.process.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start: see {self.log}")
+            time.sleep(0.05)
+        while len(children(self.process.pid)) < self.workers:
+            if self.process.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the server's workers did not start: see {self.log}"
+                )
+            time.sleep(0.05)
+        return True
+
+    def stop(self, seconds=WAIT):
+        """SIGTERM its master and wait for it to end; SIGKILL what is left after
+        `seconds`. Return the master's exit status, or None when it was killed."""
+        process = self.process
+        workers = children(process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            status = process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            process.wait()
+            status = None
+        for pid in workers:  # a worker its master left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return status
+
+    def restart(self, down=0.0):
+        """Stop it, leave it down `down` seconds, start it again."""
+        with self.lock:
+            status = self.stop()
+            time.sleep(down)
+            self.run.note(
+                "restart-server",
+                f"the server's master ended with status {status} after SIGTERM"
+                if status not in (0,)
+                else None,
+            )
+            self.start()  # if it cannot boot, the watch says so, and starts it again
+
+    def kill_worker(self, which):
+        """SIGKILL worker number `which` (modulo their number), once the master has all
+        its workers; under granian, not within its crash-loop window of the last."""
+        with self.lock:
+            if self.run.options.server == "granian":
+                wait = self.last_kill + GRANIAN_CRASH_LOOP - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            workers = children(self.process.pid)
+            if not workers:
+                return
+            victim = workers[which % len(workers)]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            self.last_kill = time.monotonic()
+            deadline = time.monotonic() + WAIT
+            while not (
+                victim not in (now := children(self.process.pid))
+                and len(now) >= self.workers
+            ):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    break  # the watch notes it, and starts it again
+                time.sleep(0.05)
+
+    def watch(self, stop):
+        """Until `stop`, note a master that ended by itself, with plantstore's last
+        lines, and start it again every second until it serves (systemd would not,
+        after the statuses its RestartPreventExitStatus= lists: a bad setting's)."""
+        down = None  # since when it has been down, and its tries
+        while not stop.wait(0.5):
+            with self.lock:
+                status = self.process.poll()
+                if status is None:
+                    if down:
+                        self.run.note(
+                            "server-exit",
+                            f"the server serves again, {self.run.clock() - down[0]:.1f}"
+                            f" s and {down[1]} starts later",
+                        )
+                        down = None
+                    continue
+                if not down:
+                    said = [
+                        line.strip()
+                        for line in self.log.read_text().splitlines()[-200:]
+                        if line.startswith("plantstore:") or "Halt" in line
+                    ]
+                    self.run.note(
+                        "server-exit",
+                        f"the server's master exited by itself, status {status}; its "
+                        f"last lines: {said[-3:]}",
+                    )
+                    down = [self.run.clock(), 0]
+                kill_tree(self.process.pid)
+                down[1] += 1
+                self.start()
+
+
+SQLITE_LOCKER = (  # python -c SQLITE_LOCKER FILE SECONDS: another process's transaction
+    "import sqlite3, sys, time\n"
+    "db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n"
+    "db.execute('BEGIN EXCLUSIVE')\n"
+    "print('locked', flush=True)\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "db.execute('ROLLBACK')\n"
+)
+
+
+# ---- PostgreSQL, and its host apart: network namespaces ----
+
+
+class Hosts:
+    """Two hosts beside this one, as network namespaces: the app's (the server), linked
+    to this one (clients, receiver), and the database's, linked to the app's. Each link
+    is a /30 of 10.213.<block>.0/24, a block taken with the lock files of the partition
+    tests (test_plantstore_postgres.py), so that a run and a test never share one.
+    remove() ends every process on them and deletes them; a run killed before it could
+    is swept by the next one."""
+
+    prefix = "plantstore-nemesis-"
+
+    def __init__(self):
+        self.namespaces, self.devices, self.links = [], [], 0
+        self._sweep()
+        for block in range(256):
+            self._lock = open(
+                Path(tempfile.gettempdir()) / f"plantstore-netns-10.213.{block}.lock",
+                "w",
+            )
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._lock.close()
+                continue
+            if f" 10.213.{block}." not in ip("-4", "-o", "address", "show"):
+                self.block = block
+                break
+            self._lock.close()
+        else:
+            raise RuntimeError("no free block of addresses in 10.213.0.0/16")
+        self.app, self.db = self._host("app"), self._host("db")
+        self.front = self._link(None, self.app)
+        self.data = self._link(self.app, self.db)
+
+    def inside(self, host):
+        return ["ip", "netns", "exec", host]
+
+    def set_data_link(self, state):
+        """The database host's end of its link "down" (silence) or "up"."""
+        ip("-n", self.db, "link", "set", "dev", self.data[self.db][1], state)
+
+    def _host(self, name):
+        namespace = f"{self.prefix}{os.getpid()}-{name}"
+        ip("netns", "add", namespace)
+        self.namespaces.append(namespace)
+        ip("-n", namespace, "link", "set", "lo", "up")
+        return namespace
+
+    def _link(self, one, other):
+        n, self.links = self.links, self.links + 1
+        ends = {
+            one: (f"10.213.{self.block}.{4 * n + 1}", f"pn{os.getpid()}l{n}a"),
+            other: (f"10.213.{self.block}.{4 * n + 2}", f"pn{os.getpid()}l{n}b"),
+        }
+        (_, first), (_, second) = ends[one], ends[other]
+        into = [["netns", host] if host else [] for host in (one, other)]
+        ip(
+            "link",
+            "add",
+            first,
+            *into[0],
+            "type",
+            "veth",
+            "peer",
+            "name",
+            second,
+            *into[1],
+        )
+        if one is None:
+            self.devices.append(first)
+        for host, (address, device) in ends.items():
+            n_ = ["-n", host] if host else []
+            ip(*n_, "link", "set", device, "addrgenmode", "none")
+            ip(*n_, "address", "add", f"{address}/30", "dev", device)
+            ip(*n_, "link", "set", device, "up")
+        return ends
+
+    def remove(self):
+        for namespace in self.namespaces:
+            self._kill_all(namespace)
+        for device in self.devices:
+            ip("link", "delete", device, check=False)
+        for namespace in self.namespaces:
+            ip("netns", "delete", namespace, check=False)
+        self._lock.close()
+
+    def _kill_all(self, namespace):
+        deadline = time.monotonic() + WAIT
+        while pids := ip("netns", "pids", namespace, check=False).split():
+            for pid in map(int, pids):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes outlive SIGKILL in {namespace}")
+            time.sleep(0.05)
+
+    def _sweep(self):
+        for line in ip("netns", "list").splitlines():
+            namespace = line.split()[0] if line.strip() else ""
+            if match := re.fullmatch(rf"{self.prefix}(\d+)-.*", namespace):
+                if not os.path.exists(f"/proc/{match[1]}"):
+                    self._kill_all(namespace)
+                    ip("netns", "delete", namespace, check=False)
+
+
+def ip(*args, check=True):
+    return subprocess.run(
+        ["ip", *args], check=check, capture_output=True, text=True, timeout=WAIT
+    ).stdout
+
+
+class PostgresOn(Postgres):
+    """testbed's PostgreSQL (durable: fsync on), on the database's host when there is
+    one, listening on its address there and taking passwords from the test network."""
+
+    def __init__(self, hosts):
+        if hosts:
+            self.inside = hosts.inside(hosts.db)
+            self.listen = hosts.data[hosts.db][0]
+        super().__init__(durable=True)
+        if hosts:
+            with (self.folder / "data" / "pg_hba.conf").open("a") as hba:
+                hba.write("host all all 10.213.0.0/16 scram-sha-256\n")
+            with self.local() as db:
+                db.execute("SELECT pg_reload_conf()")
+            self.url = self.url.replace("127.0.0.1", self.listen)
+
+    def stop_now(self, mode):
+        self._pg(
+            "pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", mode, "stop"
+        )
+
+
+# ---- The webhook receiver ----
+
+
+class Receiver:
+    """A webhook receiver on a port of its own: verifies each delivery with the
+    reference library as it comes, answers as the nemesis says (`mode`: "up", "503",
+    "500", "slow", or "down", its port closed), and logs every delivery."""
+
+    def __init__(self, address, secret, log_path):
+        self.verifier = standardwebhooks.Webhook(secret)
+        self.mode, self.delay, self.deliveries = "up", 0.0, []
+        self.log = open(log_path, "a")
+        self.lock = threading.Lock()
+        self.address, self.server = address, None
+        self._listen(0)
+        self.port = self.server.server_address[1]
+        self.url = f"http://{address}:{self.port}/plant/webhook"
+
+    def _listen(self, port):
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.received(self, body)
+
+            def log_message(self, *args):
+                pass
+
+        class Quiet(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                pass  # a sender that cut its attempt: nothing to say
+
+        deadline = time.monotonic() + WAIT
+        while True:  # its port again, after a spell down: wait while another holds it
+            try:
+                self.server = Quiet((self.address, port), Handler)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        self.server.daemon_threads = True
+        threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
+        ).start()
+
+    def received(self, handler, body):
+        headers = dict(handler.headers.items())
+        try:
+            payload, verified = self.verifier.verify(body, headers), True
+        except standardwebhooks.webhooks.WebhookVerificationError:
+            verified = False
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                payload = {}
+        mode, delay = self.mode, self.delay
+        if mode == "slow":
+            time.sleep(delay)
+        status = {"503": 503, "500": 500}.get(mode, 200) if verified else 400
+        plant_id = payload.get("id") if isinstance(payload, dict) else None
+        entry = {
+            "t": time.monotonic(),
+            "webhook_id": headers.get("webhook-id"),
+            "id": plant_id,
+            "verified": verified,
+            "status": status,
+        }
+        with self.lock:
+            self.deliveries.append(entry)
+            self.log.write(json.dumps(entry) + "\n")
+        handler.send_response(status)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    def set(self, mode, delay=0.0):
+        """Answer as `mode` says from now on; "down" closes the port, and any other
+        mode opens it again."""
+        if mode == "down" and self.server:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        elif mode != "down" and not self.server:
+            self._listen(self.port)
+        self.mode, self.delay = mode, delay
+
+    def close(self):
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+        self.log.close()
+
+
+# ---- Clients ----
+
+
+def ask(host, port, token, method, path, body=None):
+    """One request on a connection of its own: (outcome, headers, body), the outcome
+    the status or "refused", "cut", "timeout"."""
+    connection = http.client.HTTPConnection(host, port, timeout=CLIENT_TIMEOUT)
+    try:
+        connection.request(
+            method,
+            path,
+            body,
+            {
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                "Connection": "close",
+            },
+        )
+        response = connection.getresponse()
+        data = response.read()
+        return response.status, response.headers, data  # headers: any case
+    except ConnectionRefusedError:
+        return "refused", http.client.HTTPMessage(), b""
+    except TimeoutError:
+        return "timeout", http.client.HTTPMessage(), b""
+    except (OSError, http.client.HTTPException):
+        return "cut", http.client.HTTPMessage(), b""
+    finally:
+        connection.close()
+
+
+def may_have_acted(outcome):
+    """Whether a create or a delete with this outcome may have been done: a 5xx, a cut,
+    a timeout (a refused connection reached no server; a 4xx did nothing)."""
+    return outcome in ("cut", "timeout") or (type(outcome) is int and outcome >= 500)
+
+
+class Client(threading.Thread):
+    """Creates, deletes and lists until told to start nothing new; then finishes the
+    operation under way. Each operation: [kind, plant id, [(sent, answered, outcome),
+    ...]], times from time.monotonic()."""
+
+    def __init__(self, number, run):
+        super().__init__(name=f"client-{number}", daemon=True)
+        self.run_ = run
+        self.rng = random.Random(f"{run.options.seed}-client-{number}")
+        self.ids = iter(range(number * ID_BLOCK + 1, (number + 1) * ID_BLOCK))
+        self.operations, self.mine = [], []
+
+    def run(self):
+        run = self.run_
+        # --rate: this client's share, an operation every `interval` seconds at most
+        interval = run.options.clients / run.options.rate if run.options.rate else 0
+        due = time.monotonic()
+        while not run.stop_new.wait(max(0, due - time.monotonic())):
+            due = max(due + interval, time.monotonic() - interval)  # no burst after
+            kind = self.rng.choices(list(MIX), weights=list(MIX.values()))[0]
+            if kind == "create" or (kind == "delete" and not self.mine):
+                self.create()
+            elif kind == "delete":
+                self.delete()
+            else:
+                self.list()
+
+    def attempt(self, operation, method, path, body=None):
+        sent = time.monotonic()
+        outcome, headers, data = ask(
+            self.run_.app_address,
+            self.run_.app_port,
+            self.run_.token,
+            method,
+            path,
+            body,
+        )
+        operation[2].append((sent, time.monotonic(), outcome))
+        return outcome, headers, data
+
+    def until_final(self, operation, method, path, body=None):
+        """Send until a final answer (or one no retry can change), waiting Retry-After
+        after a 503 and a moment after a cut; past RESOLVE_SECONDS after the faults
+        stopped, give up (the operation is then unresolved)."""
+        while True:
+            outcome, headers, _ = self.attempt(operation, method, path, body)
+            if outcome in FINAL[operation[0]] or not (
+                outcome in ("refused", "cut", "timeout") or outcome >= 500
+            ):
+                return outcome
+            stopped = self.run_.stopped_at
+            if stopped is not None and time.monotonic() > stopped + RESOLVE_SECONDS:
+                return None
+            try:
+                pause = min(float(headers.get("Retry-After", "")), 2.0)
+            except ValueError:
+                pause = self.rng.uniform(0.1, 0.3)
+            time.sleep(pause)
+
+    def create(self):
+        plant_id = next(self.ids)
+        document = {"id": plant_id, "name": NAME.format(plant_id)}
+        if self.rng.random() < 0.5:
+            document["tag"] = self.rng.choice(["indoor", "outdoor", "rare"])
+        operation = ["create", plant_id, []]
+        self.operations.append(operation)
+        outcome = self.until_final(
+            operation, "POST", "/plants", json.dumps(document).encode()
+        )
+        if outcome in (200, 409):
+            self.mine.append(plant_id)
+        self.run_.answered_create()
+
+    def delete(self):
+        plant_id = self.mine.pop(self.rng.randrange(len(self.mine)))
+        operation = ["delete", plant_id, []]
+        self.operations.append(operation)
+        self.until_final(operation, "DELETE", f"/plants/{plant_id}")
+
+    def list(self):
+        """Read 1 to 3 pages from the oldest, following each Link."""
+        path = f"/plants?limit={PAGE}"
+        for _ in range(self.rng.randint(1, 3)):
+            operation = ["list", None, []]
+            self.operations.append(operation)
+            outcome, headers, _ = self.attempt(operation, "GET", path)
+            link = re.fullmatch(r'<([^>]+)>; rel="next"', headers.get("Link", ""))
+            if outcome != 200 or not link:
+                return
+            path = link[1]
+
+
+# ---- The checker: what the clients were told, the listing, the receiver's log ----
+
+
+def read_listing(host, port, token):
+    """Every plant's id, as the HTTP API lists them, a page of 1,000 at a time; a 503 or
+    a cut is asked again (the service has settled), for WAIT seconds at most."""
+    ids, path, deadline = [], "/plants?limit=1000", time.monotonic() + WAIT
+    while path:
+        outcome, headers, data = ask(host, port, token, "GET", path)
+        if outcome != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the listing could not be read: {outcome}")
+            time.sleep(0.5)
+            continue
+        ids += [int(plant["name"].split()[1]) for plant in json.loads(data)]
+        link = re.fullmatch(r'<([^>]+)>; rel="next"', headers.get("Link", ""))
+        path = link and link[1]
+    return ids
+
+
+def percentile(values, share):
+    """The nearest-rank percentile of sorted values; None when there are none."""
+    if not values:
+        return None
+    return values[max(0, math.ceil(share * len(values)) - 1)]
+
+
+def check(operations, listing, deliveries, faults):
+    """The report: what was lost, and the rest (see the module's docstring).
+
+    operations: [kind, plant id, [(sent, answered, outcome), ...]]; listing: the ids
+    listed; deliveries: the receiver's log entries; faults: {"kind", "start", "end"}."""
+    sent_ids, stored, removed, unresolved = set(), set(), set(), []
+    acknowledged = {}  # plant id: when its create's last answer came
+    wrong_409, wrong_404, unexpected = [], [], collections.Counter()
+    outcomes = {kind: collections.Counter() for kind in EXPECTED}
+    finals = {kind: collections.Counter() for kind in EXPECTED}
+    for kind, plant_id, attempts in operations:
+        for _, _, outcome in attempts:
+            outcomes[kind][str(outcome)] += 1
+            if type(outcome) is int and outcome not in EXPECTED[kind]:
+                unexpected[f"{kind} {outcome}"] += 1
+        if kind == "list":
+            continue
+        final = attempts[-1][2] if attempts else None
+        # a 409 or a 404 that an earlier attempt of ours may explain
+        explained = any(may_have_acted(outcome) for _, _, outcome in attempts[:-1])
+        if final not in FINAL[kind]:
+            unresolved.append(plant_id)
+            finals[kind]["unresolved"] += 1
+        else:
+            retried = " after a retry" if len(attempts) > 1 else ""
+            finals[kind][f"{final}{retried}"] += 1
+        if kind == "create":
+            sent_ids.add(plant_id)
+            if final == 200 or (final == 409 and explained):
+                stored.add(plant_id)
+                acknowledged[plant_id] = attempts[-1][1]
+            if final == 409 and not explained:
+                wrong_409.append(plant_id)
+        elif final == 204 or (final == 404 and explained):
+            removed.add(plant_id)
+        elif final == 404:
+            wrong_404.append(plant_id)
+    listed = set(listing)
+    delivered = collections.Counter(
+        entry["id"]
+        for entry in deliveries
+        if entry["verified"] and 200 <= entry["status"] < 300
+    )
+    first = {}  # plant id: when its first delivery was taken
+    for entry in deliveries:
+        if entry["verified"] and 200 <= entry["status"] < 300:
+            first.setdefault(entry["id"], entry["t"])
+    # from the create's answer to the first delivery taken: 0 when it came first
+    delays = sorted(max(0.0, first[n] - acknowledged[n]) for n in stored if n in first)
+    forged = [
+        entry
+        for entry in deliveries
+        if not entry["verified"] or entry["id"] not in stored
+    ]
+    calm, in_fault = [], []
+    spans = sorted((fault["start"], fault["end"]) for fault in faults)
+    for _, _, attempts in operations:
+        for sent, answered, _ in attempts:
+            overlaps = any(start <= answered and sent <= end for start, end in spans)
+            (in_fault if overlaps else calm).append(answered - sent)
+    calm.sort()
+    in_fault.sort()
+    by_kind = collections.defaultdict(lambda: [0, 0.0])
+    for fault in faults:
+        by_kind[fault["kind"]][0] += 1
+        by_kind[fault["kind"]][1] += fault["end"] - fault["start"]
+    return {
+        "lost": sorted((stored - listed) - removed),
+        "phantom": sorted(listed - stored),
+        "resurrected": sorted(listed & removed),
+        "wrong_409": sorted(wrong_409),
+        "missing": sorted(stored - set(delivered)),
+        "forged": forged,
+        "unresolved": sorted(unresolved),
+        "listed_twice": sorted(
+            n for n, times in collections.Counter(listing).items() if times > 1
+        ),
+        "wrong_404": sorted(wrong_404),
+        "unexpected": dict(unexpected),
+        "duplicates": dict(
+            sorted(collections.Counter(delivered[n] for n in stored).items())
+        ),
+        "delivery_delay": {
+            "p50": percentile(delays, 0.5),
+            "p99": percentile(delays, 0.99),
+            "max": delays[-1] if delays else None,
+        },
+        "stored": len(stored),
+        "listed": len(listing),
+        "removed": len(removed),
+        "never_sent_listed": len(listed - sent_ids),
+        "attempts": {kind: dict(counts) for kind, counts in outcomes.items()},
+        "operations": {kind: dict(counts) for kind, counts in finals.items()},
+        "pages": outcomes["list"]["200"],
+        "faults": {
+            kind: {"count": n, "seconds": round(s, 1)}
+            for kind, (n, s) in sorted(by_kind.items())
+        },
+        "latency": {
+            "calm": {
+                "requests": len(calm),
+                "p50": percentile(calm, 0.5),
+                "p99": percentile(calm, 0.99),
+            },
+            "fault": {
+                "requests": len(in_fault),
+                "p50": percentile(in_fault, 0.5),
+                "p99": percentile(in_fault, 0.99),
+            },
+        },
+    }
+
+
+VERDICTS = ("lost", "phantom", "resurrected", "wrong_409", "missing", "forged")
+
+
+# ---- The run ----
+
+
+class Run:
+    def __init__(self, options):
+        self.options = options
+        self.out = Path(options.out or tempfile.mkdtemp(prefix="plantstore-nemesis-"))
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.plantstore = Path(options.plantstore).resolve()
+        self.started = time.monotonic()
+        self.stop_new, self.stopped_at = threading.Event(), None
+        self.creates_answered, self.creates_lock = 0, threading.Lock()
+        self.creates_done = threading.Event()
+        self.faults, self.notes, self.backlog = [], [], []
+        self.cleanups = []  # run last first, always
+        self.inside_app, self.hosts, self.postgres, self.mount = [], None, None, None
+
+    def clock(self):
+        return time.monotonic() - self.started
+
+    def note(self, kind, text):
+        if text:
+            self.notes.append({"t": round(self.clock(), 3), "kind": kind, "text": text})
+            print(f"nemesis: {self.clock():7.1f} s  NOTE {text}", flush=True)
+
+    def answered_create(self):
+        with self.creates_lock:
+            self.creates_answered += 1
+            if self.options.creates and self.creates_answered >= self.options.creates:
+                self.creates_done.set()
+
+    def say(self, text):
+        print(f"nemesis: {self.clock():7.1f} s  {text}", flush=True)
+
+    # -- setting up: secrets in files, the store, the receiver, the server --
+
+    def setup(self):
+        options = self.options
+        scratch = Path(
+            tempfile.mkdtemp(prefix=f"plantstore-nemesis-scratch-{os.getpid()}-")
+        )
+        self.cleanups.append(lambda: shutil.rmtree(scratch, ignore_errors=True))
+        self.scratch = scratch
+        self.token = secrets.token_urlsafe(24)
+        secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+        files = {}
+        for name, value in (("tokens", self.token), ("webhook-secret", secret)):
+            files[name] = scratch / name
+            files[name].write_text(value + "\n")
+            files[name].chmod(0o600)
+        kinds = set(options.faults)
+        if options.store == "postgres" and "partition" in kinds:
+            self.hosts = Hosts()
+            self.cleanups.append(self.hosts.remove)
+            self.inside_app = self.hosts.inside(self.hosts.app)
+            self.app_address = self.hosts.front[self.hosts.app][0]
+            receiver_address = self.hosts.front[None][0]
+        else:
+            self.app_address = receiver_address = "127.0.0.1"
+        self.app_port = free_port()
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PLANTSTORE_", "GRANIAN_")) and k != "WEB_CONCURRENCY"
+        }
+        self.receiver = Receiver(
+            receiver_address, secret, self.out / "deliveries.jsonl"
+        )
+        self.cleanups.append(self.receiver.close)
+        env.update(
+            PYTHONUNBUFFERED="1",
+            PYTHONPATH=str(self.plantstore),
+            PLANTSTORE_TOKENS_FILE=str(files["tokens"]),
+            PLANTSTORE_WEBHOOK_SECRET_FILE=str(files["webhook-secret"]),
+            PLANTSTORE_WEBHOOK_URL=self.receiver.url,
+        )
+        if options.store == "postgres":
+            self.postgres = PostgresOn(self.hosts)
+            self.cleanups.append(self.postgres.remove)
+            files["db"] = scratch / "db"
+            files["db"].write_text(self.postgres.url + "\n")
+            files["db"].chmod(0o600)
+            env["PLANTSTORE_DB_FILE"] = str(files["db"])
+            self.store_shown = "PostgreSQL (fsync on)"
+        else:
+            folder = scratch / "db"
+            folder.mkdir()
+            if "disk-full" in kinds:
+                subprocess.run(
+                    [
+                        "mount",
+                        "-t",
+                        "tmpfs",
+                        "-o",
+                        f"size={options.tmpfs_mb}m,mode=700",
+                        "tmpfs",
+                        str(folder),
+                    ],
+                    check=True,
+                    timeout=WAIT,
+                )
+                self.mount = folder
+                self.cleanups.append(lambda: umount(folder))
+            self.sqlite = folder / "plants.sqlite3"
+            env["PLANTSTORE_DB"] = str(self.sqlite)
+            self.store_shown = "SQLite" + (
+                f" (on a tmpfs of {options.tmpfs_mb} MB)" if self.mount else ""
+            )
+        self.server_env = env
+        self.server = Server(self)
+        self.cleanups.append(lambda: self.server.stop(seconds=5))
+        if not self.server.start():
+            raise RuntimeError(f"the server did not start: see {self.server.log}")
+
+    def cleanup(self):
+        while self.cleanups:
+            with contextlib.suppress(Exception):
+                self.cleanups.pop()()
+
+    # -- the faults --
+
+    def episodes(self):
+        """Each episode, drawn from the seed alone: (calm, [(kind, seconds, detail,
+        offset), ...]), the second fault of two starting `offset` seconds after the
+        first."""
+        rng, kinds = random.Random(self.options.seed), sorted(self.options.faults)
+        while True:
+            calm = rng.uniform(*CALM)
+            first = rng.choice(kinds)
+            chosen = [first]
+            others = [k for k in kinds if FAULTS[k].target != FAULTS[first].target]
+            if others and rng.random() < TOGETHER:
+                chosen.append(rng.choice(others))
+            drawn = []
+            for kind in chosen:
+                low, high = FAULTS[kind].seconds
+                seconds = rng.uniform(low, max(low, min(high, self.options.max_fault)))
+                detail = {
+                    "kill-worker": lambda: rng.randrange(64),
+                    "pg-restart": lambda: rng.choice(["fast", "immediate"]),
+                    "receiver-slow": lambda: round(rng.uniform(0.5, 5), 1),
+                }.get(kind, lambda: None)()
+                offset = round(rng.uniform(*SECOND_AFTER), 1) if drawn else 0
+                drawn.append((kind, round(seconds, 1), detail, offset))
+            yield calm, drawn
+
+    def nemesis(self):
+        """Episodes until --seconds (or --creates); every fault undone at its end."""
+        for calm, drawn in self.episodes():
+            if self.creates_done.wait(calm) or self.clock() >= self.options.seconds:
+                return
+            said = " + ".join(
+                (f"{offset} s later " if offset else "")
+                + f"{kind} {seconds} s"
+                + (f" ({detail})" if detail is not None else "")
+                for kind, seconds, detail, offset in drawn
+            )
+            self.say(f"fault: {said}")
+            threads = [
+                threading.Thread(target=self.fault, args=fault) for fault in drawn
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+    def fault(self, kind, seconds, detail, offset):
+        time.sleep(offset)
+        start = time.monotonic()
+        try:
+            getattr(self, "fault_" + kind.replace("-", "_"))(seconds, detail)
+        except Exception as error:  # the fault could not be made: noted, not hidden
+            self.note(kind, f"{kind} failed: {type(error).__name__}: {error}")
+        entry = {
+            "kind": kind,
+            "seconds": seconds,
+            "detail": detail,
+            "start": start,
+            "end": time.monotonic(),
+        }
+        self.faults.append(entry)
+
+    def fault_kill_worker(self, _seconds, which):
+        self.server.kill_worker(which)
+
+    def fault_restart_server(self, seconds, _detail):
+        self.server.restart(seconds)
+
+    def fault_pg_stop(self, seconds, _detail):
+        with frozen_postgres(self.postgres):
+            time.sleep(seconds)
+
+    def fault_pg_restart(self, seconds, mode):
+        try:
+            self.postgres.stop_now(mode)
+            time.sleep(seconds)
+        finally:
+            self.postgres.start()
+
+    def fault_pg_read_only(self, seconds, _detail):
+        with self.postgres.local() as admin:
+            admin.execute("SET default_transaction_read_only = off")  # its own
+            admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+            admin.execute("SELECT pg_reload_conf()")
+            try:
+                time.sleep(seconds)
+            finally:
+                admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+                admin.execute("SELECT pg_reload_conf()")
+
+    def fault_partition(self, seconds, _detail):
+        self.hosts.set_data_link("down")
+        try:
+            time.sleep(seconds)
+        finally:
+            self.hosts.set_data_link("up")
+
+    def fault_sqlite_held(self, seconds, _detail):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", SQLITE_LOCKER, str(self.sqlite), str(seconds)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            said = holder.stdout.readline()
+            if said != "locked\n":
+                raise RuntimeError("the holder did not take the lock")
+            holder.wait(seconds + WAIT)
+        finally:
+            holder.kill()
+            holder.wait()
+            holder.stdout.close()
+
+    def fault_disk_full(self, seconds, _detail):
+        filler = self.mount / "filler"
+        try:
+            with open(filler, "wb", buffering=0) as file:
+                free = os.statvfs(self.mount)
+                with contextlib.suppress(OSError):
+                    os.posix_fallocate(file.fileno(), 0, free.f_bavail * free.f_frsize)
+                file.seek(0, os.SEEK_END)
+                with contextlib.suppress(OSError):  # the last bytes, to ENOSPC
+                    for _ in range(1 << 20):
+                        file.write(b"\0" * 512)
+            time.sleep(seconds)
+        finally:
+            filler.unlink(missing_ok=True)
+
+    def receiver_fault(self, mode, seconds, delay=0.0):
+        self.receiver.set(mode, delay)
+        try:
+            time.sleep(seconds)
+        finally:
+            self.receiver.set("up")
+
+    def fault_receiver_down(self, seconds, _detail):
+        self.receiver_fault("down", seconds)
+
+    def fault_receiver_slow(self, seconds, delay):
+        self.receiver_fault("slow", seconds, delay)
+
+    def fault_receiver_503(self, seconds, _detail):
+        self.receiver_fault("503", seconds)
+
+    def fault_receiver_500(self, seconds, _detail):
+        self.receiver_fault("500", seconds)
+
+    # -- settling, and the whole run --
+
+    def metrics(self):
+        """(database up, events waiting for our receiver) from one GET /metrics."""
+        outcome, _, data = ask(
+            self.app_address, self.app_port, self.token, "GET", "/metrics"
+        )
+        if outcome != 200:
+            return False, None
+        text = data.decode()
+        up = re.search(r"^plantstore_database_up (\S+)$", text, re.M)
+        waiting = re.search(
+            r'^plantstore_webhook_events_waiting\{receiver="([^"]*)"\} (\S+)$',
+            text,
+            re.M,
+        )
+        return bool(up and float(up[1]) == 1), waiting and float(waiting[2])
+
+    def sample(self, stop):
+        """Until `stop`, GET /metrics every 5 s: the outbox's backlog as it goes."""
+        while not stop.wait(5):
+            up, waiting = self.metrics()
+            self.backlog.append((round(self.clock(), 1), up, waiting))
+
+    def settle(self):
+        """Seconds until /metrics says the database is up and no event waits; or None
+        once --settle seconds pass with the backlog at no new low (a backlog that
+        keeps falling is waited for, however large: the sender drains it at its
+        pace)."""
+        start = last_low = time.monotonic()
+        low = math.inf
+        while time.monotonic() < last_low + self.options.settle:
+            up, waiting = self.metrics()
+            if up and waiting == 0:
+                return time.monotonic() - start
+            if up and waiting is not None and waiting < low:
+                low, last_low = waiting, time.monotonic()
+            time.sleep(1)
+        return None
+
+    def go(self):
+        options = self.options
+        self.setup()
+        self.say(
+            f"seed {options.seed}: {self.store_shown} under {self.server.recipe}, "
+            f"{options.clients} clients"
+            + (f" at {options.rate:g} operations/s" if options.rate else "")
+            + f", faults: {', '.join(options.faults) or 'none'}"
+        )
+        stop_watch = threading.Event()
+        watch = threading.Thread(target=self.server.watch, args=(stop_watch,))
+        watch.start()
+        sampler = threading.Thread(target=self.sample, args=(stop_watch,))
+        sampler.start()
+        self.cleanups.append(lambda: (stop_watch.set(), watch.join(), sampler.join()))
+        clients = [Client(n, self) for n in range(1, options.clients + 1)]
+        for client in clients:
+            client.start()
+        begun = time.monotonic()
+        if options.faults:
+            self.nemesis()
+        else:
+            self.creates_done.wait(options.seconds)
+        load_seconds = time.monotonic() - begun
+        self.stopped_at = time.monotonic()
+        self.stop_new.set()
+        self.say(f"faults stopped after {load_seconds:.1f} s; clients finish")
+        for client in clients:
+            client.join(RESOLVE_SECONDS + CLIENT_TIMEOUT + 5)
+        stop_watch.set()
+        watch.join()
+        sampler.join()
+        settled = self.settle()
+        self.say(
+            "settled: the outbox drained "
+            + (f"in {settled:.1f} s" if settled is not None else "NOT within the bound")
+            + f" (--settle {options.settle} s)"
+        )
+        operations = [op for client in clients for op in client.operations]
+        listing = read_listing(self.app_address, self.app_port, self.token)
+        with self.receiver.lock:
+            deliveries = list(self.receiver.deliveries)
+        report = check(operations, listing, deliveries, self.faults)
+        report.update(
+            seed=options.seed,
+            store=options.store,
+            server=self.server.recipe,
+            store_shown=self.store_shown,
+            clients=options.clients,
+            rate=options.rate,
+            seconds=round(load_seconds, 1),
+            settled=None if settled is None else round(settled, 1),
+            settle_bound=options.settle,
+            notes=self.notes,
+            backlog=self.backlog,
+            backlog_max=max((w or 0 for _, _, w in self.backlog), default=0),
+            ok=not any(report[name] for name in VERDICTS)
+            and not report["unresolved"]
+            and settled is not None,
+        )
+        self.write(operations, report)
+        return report
+
+    def write(self, operations, report):
+        with open(self.out / "operations.jsonl", "w") as file:
+            for kind, plant_id, attempts in operations:
+                rounded = [
+                    (round(s - self.started, 3), round(a - self.started, 3), o)
+                    for s, a, o in attempts
+                ]
+                file.write(json.dumps([kind, plant_id, rounded]) + "\n")
+        with open(self.out / "faults.jsonl", "w") as file:
+            for fault in self.faults:
+                fault = {**fault}
+                fault["start"] = round(fault["start"] - self.started, 3)
+                fault["end"] = round(fault["end"] - self.started, 3)
+                file.write(json.dumps(fault) + "\n")
+        (self.out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        if not report["ok"] and self.postgres is None:  # the file, for a repro
+            with contextlib.suppress(sqlite3.Error):
+                with contextlib.closing(sqlite3.connect(self.sqlite)) as db:
+                    with contextlib.closing(
+                        sqlite3.connect(self.out / "plants.sqlite3")
+                    ) as copy:
+                        db.backup(copy)
+
+
+def umount(folder):
+    subprocess.run(["umount", "-l", str(folder)], check=False, timeout=WAIT)
+
+
+def sweep_mounts():
+    """Unmount the tmpfs of a run that was killed before it could (its process is
+    gone), and remove its folder."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/mounts").read_text().splitlines():
+            point = line.split()[1]
+            found = re.search(r"/plantstore-nemesis-scratch-(\d+)-[^/]*/db$", point)
+            if found and not os.path.exists(f"/proc/{found[1]}"):
+                umount(point)
+                shutil.rmtree(Path(point).parent, ignore_errors=True)
+
+
+def table(report):
+    """The report as text: a summary, then the counts as a Markdown table."""
+    ops, attempts, lat = report["operations"], report["attempts"], report["latency"]
+    delay = report["delivery_delay"]
+
+    def counts(counter):
+        return ", ".join(f"{key} x {value}" for key, value in sorted(counter.items()))
+
+    def ms(value):
+        return "-" if value is None else f"{value * 1000:.0f} ms"
+
+    def seconds(value):
+        return "-" if value is None else f"{value:.1f} s"
+
+    lines = [
+        f"seed {report['seed']}, {report['store_shown']} under {report['server']}, "
+        f"{report['clients']} clients"
+        + (f" at {report['rate']:g} operations/s" if report["rate"] else "")
+        + f", {report['seconds']} s of load and faults",
+        f"creates: {counts(ops['create'])}",
+        f"deletes: {counts(ops['delete'])}",
+        f"pages read: {report['pages']}",
+        f"requests by answer: create {counts(attempts['create'])}; "
+        f"delete {counts(attempts['delete'])}; list {counts(attempts['list'])}",
+        "faults: "
+        + (
+            ", ".join(
+                f"{kind} x {figures['count']} ({figures['seconds']} s)"
+                for kind, figures in report["faults"].items()
+            )
+            or "none"
+        ),
+        "settled: "
+        + (f"{report['settled']} s" if report["settled"] is not None else "no")
+        + f" (bound {report['settle_bound']} s); the outbox held at most "
+        f"{report['backlog_max']:.0f} events; stored {report['stored']}, "
+        f"listed {report['listed']}, removed {report['removed']}",
+        f"webhook delay, from a create's answer to its first delivery taken: p50 "
+        f"{seconds(delay['p50'])}, p99 {seconds(delay['p99'])}, max "
+        f"{seconds(delay['max'])}",
+        f"latency of a request: calm p50 {ms(lat['calm']['p50'])}, p99 "
+        f"{ms(lat['calm']['p99'])} ({lat['calm']['requests']}); in fault p50 "
+        f"{ms(lat['fault']['p50'])}, p99 {ms(lat['fault']['p99'])} "
+        f"({lat['fault']['requests']})",
+    ]
+    for note in report["notes"]:
+        lines.append(f"note at {note['t']} s: {note['text']}")
+    if report["unexpected"]:
+        lines.append(f"unexpected answers: {counts(report['unexpected'])}")
+    lines += ["", "| check | count |", "|---|---|"]
+    for name in VERDICTS:
+        lines.append(f"| {name.replace('_', ' ')} | {len(report[name])} |")
+    duplicates = ", ".join(
+        f"{n} plants {times} times" for times, n in report["duplicates"].items()
+    )
+    lines.append(f"| deliveries per stored plant | {duplicates or '-'} |")
+    lines.append(f"| unresolved operations | {len(report['unresolved'])} |")
+    for name in VERDICTS + ("unresolved", "wrong_404", "listed_twice"):
+        if report[name]:
+            lines.append(f"{name}: {report[name][:20]}")
+    lines.append("OK: nothing lost" if report["ok"] else "FAILED")
+    return "\n".join(lines)
+
+
+def faults_help():
+    lines = []
+    for kind, fault in FAULTS.items():
+        low, high = fault.seconds
+        length = f", {low}-{high} s" if high else ""
+        flags = ("" if fault.default else ", not by default") + (
+            ", needs root" if fault.root else ""
+        )
+        stores = "/".join(sorted(fault.stores))
+        lines.append(f"{kind} ({fault.target}, {stores}{length}{flags}): {fault.does}")
+    return "\n".join(lines)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="The faults:\n" + faults_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--seed", type=int, default=1, help="draws the faults (1)")
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--server", choices=["gunicorn", "granian"], default="gunicorn")
+    parser.add_argument(
+        "--seconds", type=float, default=60, help="of load and faults (60)"
+    )
+    parser.add_argument(
+        "--faults",
+        default="default",
+        help="comma-separated kinds, 'default' (every kind that runs by default and "
+        "applies to the store) or 'none'",
+    )
+    parser.add_argument("--list-faults", action="store_true", help="and exit")
+    parser.add_argument("--clients", type=int, default=8, help="(8)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0,
+        help="operations a second, all clients together, at most (0: each client "
+        "sends its next as soon as it has its answer)",
+    )
+    parser.add_argument(
+        "--max-fault-seconds",
+        dest="max_fault",
+        type=float,
+        default=40,
+        help="caps each fault's drawn duration (40)",
+    )
+    parser.add_argument(
+        "--creates",
+        type=int,
+        default=0,
+        help="end the load once this many creates are answered, or after --seconds",
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=420,
+        help="after the faults, the longest the outbox may go without draining further "
+        "(420 s: the schedule's 300 s step, its jitter, a lease and an attempt)",
+    )
+    parser.add_argument(
+        "--tmpfs-mb", type=int, default=256, help="the SQLite tmpfs, for disk-full"
+    )
+    parser.add_argument("--out", help="the folder for the run's files (a new one)")
+    parser.add_argument(
+        "--plantstore",
+        default=str(ROOT),
+        help="the folder of the plantstore.py to serve (this repository's)",
+    )
+    parser.add_argument("--json", help="also write the report there")
+    options = parser.parse_args(argv)
+    if options.list_faults:
+        print(faults_help())
+        sys.exit(0)
+    if options.faults == "none":
+        options.faults = []
+    elif options.faults == "default":
+        options.faults = [
+            kind
+            for kind, fault in FAULTS.items()
+            if fault.default and options.store in fault.stores
+        ]
+    else:
+        options.faults = options.faults.split(",")
+        for kind in options.faults:
+            if kind not in FAULTS:
+                parser.error(f"no fault {kind!r}: --list-faults lists them")
+            if options.store not in FAULTS[kind].stores:
+                parser.error(f"{kind} is a fault of {'/'.join(FAULTS[kind].stores)}")
+    rooted = [kind for kind in options.faults if FAULTS[kind].root]
+    if rooted and os.geteuid() != 0:
+        parser.error(f"{', '.join(rooted)} need root; --faults without them")
+    return options
+
+
+def main(argv=None):
+    options = parse(argv)
+    sweep_mounts()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    run = Run(options)
+    try:
+        report = run.go()
+    finally:
+        run.cleanup()
+        signal.signal(signal.SIGTERM, previous)
+    print(table(report))
+    print(f"nemesis: the run's files are in {run.out}")
+    if options.json:
+        Path(options.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
