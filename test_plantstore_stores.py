@@ -1,9 +1,9 @@
 """The tests every store passes, one suite parametrized over each (`any_store`, from
-conftest.py): the core's MemoryStore, make_app's PlantStore ("Accelerators"), SQLiteStore
-("The SQL stores") and plantstore_postgres's PostgresStore, each added to, listed and
-deleted from, directly and through the app, in threads too, paged while plants come and
-go, and asked for its health. A test of the core's answers on MemoryStore alone is
-test_plantstore.py's."""
+conftest.py): the core's MemoryStore, make_app's PlantStore ("Accelerators"),
+SQLiteStore ("The SQL stores") and plantstore_postgres's PostgresStore, each added to,
+listed and deleted from, directly and through the app, in threads too, paged while
+plants come and go, and asked for its health. A test of the core's answers on
+MemoryStore alone is test_plantstore.py's."""
 
 import pytest
 import webtest

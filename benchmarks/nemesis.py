@@ -98,12 +98,8 @@ sys.path.insert(0, str(ROOT))
 
 import standardwebhooks  # noqa: E402 (after sys.path, as the rest)
 
-from testbed import (  # noqa: E402
-    Postgres,
-    free_port,
-    frozen_postgres,
-    granian_recipe,
-)
+# testbed's servers are the runner's, loaded where it needs them: testbed imports
+# plantstore, and the checker must be readable with nothing of plantstore loaded
 
 WAIT = 60  # seconds a server may take to start, or to stop on SIGTERM
 CLIENT_TIMEOUT = 30  # seconds a client waits for an answer; past it, a timeout
@@ -283,6 +279,8 @@ class Server:
             ]
             self.recipe = "gunicorn -w 2 --threads 4"
         else:
+            from testbed import granian_recipe  # noqa: PLC0415 (the runner's)
+
             flags = granian_recipe(options.store)
             flags[flags.index("--host") + 1] = run.app_address
             flags[flags.index("--port") + 1] = str(run.app_port)
@@ -540,26 +538,29 @@ def ip(*args, check=True):
     ).stdout
 
 
-class PostgresOn(Postgres):
+def postgres_on(hosts):
     """testbed's PostgreSQL (durable: fsync on), on the database's host when there is
     one, listening on its address there and taking passwords from the test network."""
+    from testbed import Postgres  # noqa: PLC0415 (the runner's)
 
-    def __init__(self, hosts):
-        if hosts:
-            self.inside = hosts.inside(hosts.db)
-            self.listen = hosts.data[hosts.db][0]
-        super().__init__(durable=True)
-        if hosts:
-            with (self.folder / "data" / "pg_hba.conf").open("a") as hba:
-                hba.write("host all all 10.213.0.0/16 scram-sha-256\n")
-            with self.local() as db:
-                db.execute("SELECT pg_reload_conf()")
-            self.url = self.url.replace("127.0.0.1", self.listen)
+    class PostgresOn(Postgres):
+        def __init__(self, hosts):
+            if hosts:
+                self.inside = hosts.inside(hosts.db)
+                self.listen = hosts.data[hosts.db][0]
+            super().__init__(durable=True)
+            if hosts:
+                with (self.folder / "data" / "pg_hba.conf").open("a") as hba:
+                    hba.write("host all all 10.213.0.0/16 scram-sha-256\n")
+                with self.local() as db:
+                    db.execute("SELECT pg_reload_conf()")
+                self.url = self.url.replace("127.0.0.1", self.listen)
 
-    def stop_now(self, mode):
-        self._pg(
-            "pg_ctl", "-D", self.folder / "data", "-w", "-t", WAIT, "-m", mode, "stop"
-        )
+        def stop_now(self, mode):
+            folder = self.folder / "data"
+            self._pg("pg_ctl", "-D", folder, "-w", "-t", WAIT, "-m", mode, "stop")
+
+    return PostgresOn(hosts)
 
 
 # ---- The webhook receiver ----
@@ -991,6 +992,8 @@ class Run:
             receiver_address = self.hosts.front[None][0]
         else:
             self.app_address = receiver_address = "127.0.0.1"
+        from testbed import free_port  # noqa: PLC0415 (the runner's)
+
         self.app_port = free_port()
         env = {
             k: v
@@ -1009,7 +1012,7 @@ class Run:
             PLANTSTORE_WEBHOOK_URL=self.receiver.url,
         )
         if options.store == "postgres":
-            self.postgres = PostgresOn(self.hosts)
+            self.postgres = postgres_on(self.hosts)
             self.cleanups.append(self.postgres.remove)
             files["db"] = scratch / "db"
             files["db"].write_text(self.postgres.url + "\n")
@@ -1121,6 +1124,8 @@ class Run:
         self.server.restart(seconds)
 
     def fault_pg_stop(self, seconds, _detail):
+        from testbed import frozen_postgres  # noqa: PLC0415 (the runner's)
+
         with frozen_postgres(self.postgres):
             time.sleep(seconds)
 
