@@ -1509,13 +1509,13 @@ class WebhookSender:
     POSTs it; each attempt is cut after TIMEOUT seconds, whatever the receiver does, so
     a slow receiver holds up no other, and no create waits for any. A failed attempt is
     retried on SCHEDULE, with jitter. While a receiver gives no answer (or its gateway
-    answers 502-504), its oldest event alone is tried, every PROBE_SECONDS, and once
-    one gets through, the others follow at once. A probe of an event not yet due spends
-    none of its attempts, and a process that starts sends what is due alone, so no
-    number of processes starting spends the schedule. A URL no longer configured gets
-    nothing more: its events are dropped. One that answers 410 gets nothing more from
-    this process, which drops the events waiting for it; the other processes stop at
-    their own 410.
+    answers 502-504), its first event in CLAIM's order alone is tried (the longest due,
+    untried ones first), every PROBE_SECONDS, and once one gets through, the others
+    follow at once. A probe of an event not yet due spends none of its attempts, and a
+    process that starts sends what is due alone, so no number of processes starting
+    spends the schedule. A URL no longer configured gets nothing more: its events are
+    dropped. One that answers 410 gets nothing more from this process, which drops the
+    events waiting for it; the other processes stop at their own 410.
     """
 
     # seconds before a retry
@@ -1762,7 +1762,8 @@ class WebhookSender:
 
     def _claim(self, state):
         """Start an attempt for each URL's due events, up to PER_URL in flight each; on
-        probation, one for the URL's oldest event, due or not, every PROBE_SECONDS."""
+        probation, one for the URL's first event in CLAIM's order, due or not, every
+        PROBE_SECONDS."""
         now = time.time()
         for url in self.urls:
             busy = sum(event[1] == url for event, _ in state.in_flight.values())

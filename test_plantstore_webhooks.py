@@ -222,9 +222,11 @@ def test_a_trickling_receiver_holds_up_no_other_and_each_attempt_ends_at_its_dea
     slow, healthy = TricklingReceiver(every=0.3), receiver()
     try:
         application = webhook_app(store, slow.url, healthy.url)
-        for plant_id in range(12):
+        # more than PER_URL: the healthy receiver's are not held up by the slow one's,
+        # and the probes try each untried event once before an event a second time
+        for plant_id in range(6):
             post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
-        assert sorted(plant["id"] for plant in healthy.wait_for(12)) == list(range(12))
+        assert sorted(plant["id"] for plant in healthy.wait_for(6)) == list(range(6))
         deadline = time.monotonic() + WAIT
         # a cut attempt is no delivery: it is tried again
         while len(set(slow.ids)) == len(slow.ids):
