@@ -1509,13 +1509,13 @@ class WebhookSender:
     POSTs it; each attempt is cut after TIMEOUT seconds, whatever the receiver does, so
     a slow receiver holds up no other, and no create waits for any. A failed attempt is
     retried on SCHEDULE, with jitter. While a receiver gives no answer (or its gateway
-    answers 502-504), its first event in CLAIM's order alone is tried (the longest due,
-    untried ones first), every PROBE_SECONDS, and once one gets through, the others
-    follow at once. A probe of an event not yet due spends none of its attempts, and a
-    process that starts sends what is due alone, so no number of processes starting
-    spends the schedule. A URL no longer configured gets nothing more: its events are
-    dropped. One that answers 410 gets nothing more from this process, which drops the
-    events waiting for it; the other processes stop at their own 410.
+    answers 502-504), its first event in CLAIM's order (the one due longest) alone is
+    tried, every PROBE_SECONDS, and once one gets through, the others follow at once. A
+    probe of an event not yet due spends none of its attempts, and a process that starts
+    sends what is due alone, so no number of processes starting spends the schedule. A
+    URL no longer configured gets nothing more: its events are dropped. One that answers
+    410 gets nothing more from this process, which drops the events waiting for it; the
+    other processes stop at their own 410.
     """
 
     # seconds before a retry
@@ -1529,13 +1529,17 @@ class WebhookSender:
     CHILD_DELAY = 3
     CLOSE_SECONDS = 5  # the longest close() waits for the outbox in memory
 
+    # An event is due from its making on: its next_at is its birth, not 0, so that the
+    # claim's order below (next_at, then seq) is nearly an index's order on PostgreSQL
+    # too (plant_events_due), where a backlog of ties at 0 would be sorted each claim.
     EVENT = (
         "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
-        " VALUES (:url, :webhook_id, :body, 0, :created)"
+        " VALUES (:url, :webhook_id, :body, :created, :created)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
     # the URL's events due by :due, those due longest first (the oldest of those due
-    # together), read in the order of an index (SQLiteStore.CLAIMS), however many wait.
+    # together), read in the order of an index (SQLiteStore.CLAIMS; on PostgreSQL,
+    # plant_events_due), however many wait.
     CLAIM = (
         "UPDATE plant_events SET lease = :lease"
         " WHERE lease <= :now AND seq IN (SELECT seq"

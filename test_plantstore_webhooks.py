@@ -223,7 +223,7 @@ def test_a_trickling_receiver_holds_up_no_other_and_each_attempt_ends_at_its_dea
     try:
         application = webhook_app(store, slow.url, healthy.url)
         # more than PER_URL: the healthy receiver's are not held up by the slow one's,
-        # and the probes try each untried event once before an event a second time
+        # and the probes try each untried event (due longest) before one a second time
         for plant_id in range(6):
             post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
         assert sorted(plant["id"] for plant in healthy.wait_for(6)) == list(range(6))
