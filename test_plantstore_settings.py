@@ -100,25 +100,34 @@ def test_python_plantstore_py_stops_on_ctrl_c_leaving_nothing_open(
     assert "Warning" not in rest and "Traceback" not in rest, rest
 
 
-def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(
-    spawn,
-):
+STALLED_BODY = b'{"id": 1, "name": "Fern"}'
+
+
+def a_request_under_way(spawn):
+    """python plantstore.py, and a create sent to it but for its body's last 10 bytes:
+    (process, its stderr Lines, host, port, the client's socket)."""
     process = spawn(
         [sys.executable, "plantstore.py", "--port", "0"],
         environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
     )
     err = Lines(process.stderr)
     host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
-    body = b'{"id": 1, "name": "Fern"}'
-    with socket.create_connection((host, int(port)), timeout=WAIT) as in_flight:
-        # the request is under way: its last bytes come later
-        in_flight.sendall(raw_request(body)[:-10])
-        time.sleep(0.3)
+    client = socket.create_connection((host, int(port)), timeout=WAIT)
+    client.sendall(raw_request(STALLED_BODY)[:-10])
+    time.sleep(0.3)  # the request is under way: its last bytes come later
+    return process, err, host, port, client
+
+
+def test_python_plantstore_py_on_sigterm_answers_the_request_in_flight_then_exits_0(
+    spawn,
+):
+    process, err, host, port, in_flight = a_request_under_way(spawn)
+    with in_flight:
         process.send_signal(signal.SIGTERM)
         err.until(r"stopping: .* answering those under way \(1\) for 10 s at most")
         with pytest.raises(OSError):  # no new connection is accepted meanwhile
             socket.create_connection((host, int(port)), timeout=WAIT).close()
-        in_flight.sendall(body[-10:])
+        in_flight.sendall(STALLED_BODY[-10:])
         assert read_status(in_flight) == (200, {"name": "Fern"})
     assert process.wait(WAIT) == 0 and "Traceback" not in err.rest()
 
@@ -167,16 +176,8 @@ def test_python_plantstore_py_ends_at_a_second_ctrl_c_a_second_after_the_first(
     stalls its body here). One that comes with it (a terminal's double press) changes
     nothing; one a second or more later ends the process at once, 130, the request
     cut."""
-    process = spawn(
-        [sys.executable, "plantstore.py", "--port", "0"],
-        environ_without_tokens(PLANTSTORE_TOKENS=TOKEN),
-    )
-    err = Lines(process.stderr)
-    host, port = err.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
-    body = b'{"id": 1, "name": "Fern"}'
-    with socket.create_connection((host, int(port)), timeout=WAIT) as stalled:
-        stalled.sendall(raw_request(body)[:-10])
-        time.sleep(0.3)  # the request is under way
+    process, err, _, _, stalled = a_request_under_way(spawn)
+    with stalled:
         process.send_signal(signal.SIGINT)
         err.until(r"answering those under way \(1\)")
         process.send_signal(signal.SIGINT)  # with the first: nothing more
