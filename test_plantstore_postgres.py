@@ -8,7 +8,6 @@ included, are test_plantstore_stores.py's."""
 import concurrent.futures
 import collections
 import contextlib
-import fcntl
 import http.client
 import http.server
 import itertools
@@ -41,6 +40,7 @@ from plantstore import INT64_MAX, INT64_MIN, SQLiteStore, make_app
 from testbed import (
     AUTH,
     HERE,
+    Hosts,
     SECRET,
     SECRET_SPELLINGS,
     TOKEN,
@@ -1806,137 +1806,6 @@ def test_restarts_a_fork_never_waits_on_a_silent_postgres(
 
 # ---- Separate hosts: network namespaces the test makes and removes ----
 # As root, the way CI runs the tests.
-
-
-class Hosts:
-    """Machines on a private network: a network namespace per host, one veth pair per
-    link.
-
-    The test process is the host None (the root namespace). Every name carries this
-    process's id, and each link is a /30 of 10.213.<block>.0/24, a block no other
-    interface here holds: packets go only between the two ends of a link, never anywhere
-    else. remove() ends every process on the hosts and deletes the namespaces and links;
-    a run killed before it did is swept by the next one.
-    """
-
-    prefix = "plantstore-"
-
-    def __init__(self):
-        self.namespaces, self.devices, self.cleanups, self.links = [], [], [], 0
-        self._sweep()
-        # held with a lock file until remove(): no concurrent run takes it
-        for block in range(256):
-            self._lock = open(
-                Path(tempfile.gettempdir()) / f"plantstore-netns-10.213.{block}.lock",
-                "w",
-            )
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self._lock.close()
-                continue
-            if f" 10.213.{block}." not in ip("-4", "-o", "address", "show"):
-                self.block = block
-                return
-            self._lock.close()
-        raise AssertionError("no free block of addresses in 10.213.0.0/16")
-
-    def host(self, name):
-        """A new host: a namespace with its loopback up."""
-        namespace = f"{self.prefix}{os.getpid()}-{name}"
-        ip("netns", "add", namespace)
-        self.namespaces.append(namespace)
-        ip("-n", namespace, "link", "set", "lo", "up")
-        return namespace
-
-    def link(self, one, other):
-        """Join two hosts with a veth pair, a /30 of the block between them; return
-        {host: (address, device)}."""
-        n, self.links = self.links, self.links + 1
-        assert n < 64, "a block holds 64 links"
-        ends = {
-            one: (f"10.213.{self.block}.{4 * n + 1}", f"ps{os.getpid()}l{n}a"),
-            other: (f"10.213.{self.block}.{4 * n + 2}", f"ps{os.getpid()}l{n}b"),
-        }
-        (_, first), (_, second) = ends[one], ends[other]
-        ip(
-            "link",
-            "add",
-            first,
-            *self._netns(one),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            second,
-            *self._netns(other),
-        )
-        if one is None:
-            self.devices.append(first)
-        for host, (address, device) in ends.items():
-            # no IPv6 either
-            ip(*self._n(host), "link", "set", device, "addrgenmode", "none")
-            ip(*self._n(host), "address", "add", f"{address}/30", "dev", device)
-            ip(*self._n(host), "link", "set", device, "up")
-        return ends
-
-    def set_link(self, host, device, state):
-        """Set a host's end of a link "down" (the host goes silent: no reset, no error,
-        nothing) or "up"."""
-        ip(*self._n(host), "link", "set", "dev", device, state)
-
-    def inside(self, host):
-        """The command prefix that runs a program on `host`."""
-        return ["ip", "netns", "exec", host] if host else []
-
-    def remove(self):
-        for namespace in self.namespaces:
-            self._kill_all(namespace)
-        for cleanup in reversed(self.cleanups):
-            with contextlib.suppress(Exception):
-                cleanup()
-        for device in self.devices:  # deleting one end deletes its peer
-            with contextlib.suppress(subprocess.CalledProcessError):
-                ip("link", "delete", device)
-        for namespace in self.namespaces:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                ip("netns", "delete", namespace)
-        self._lock.close()
-
-    def _netns(self, host):
-        return ["netns", host] if host else []
-
-    def _n(self, host):
-        return ["-n", host] if host else []
-
-    def _kill_all(self, namespace):
-        """SIGKILL every process in the namespace and wait until none is left."""
-        deadline = time.monotonic() + WAIT
-        while pids := ip("netns", "pids", namespace, check=False).split():
-            for pid in map(int, pids):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            assert time.monotonic() < deadline, (
-                f"processes outlive SIGKILL in {namespace}: {pids}"
-            )
-            time.sleep(0.05)
-
-    def _sweep(self):
-        """Remove the namespaces of runs that were killed before they could (their
-        process is gone)."""
-        for line in ip("netns", "list").splitlines():
-            namespace = line.split()[0] if line.strip() else ""
-            if match := re.fullmatch(rf"{self.prefix}(\d+)-.*", namespace):
-                if not os.path.exists(f"/proc/{match[1]}"):
-                    self._kill_all(namespace)
-                    ip("netns", "delete", namespace, check=False)
-
-
-def ip(*args, check=True):
-    """Run ip(8) and return what it printed."""
-    return subprocess.run(
-        ["ip", *args], check=check, capture_output=True, text=True, timeout=WAIT
-    ).stdout
 
 
 @pytest.fixture
