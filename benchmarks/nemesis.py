@@ -71,7 +71,6 @@ import argparse
 import base64
 import collections
 import contextlib
-import fcntl
 import http.client
 import http.server
 import json
@@ -428,114 +427,28 @@ SQLITE_LOCKER = (  # python -c SQLITE_LOCKER FILE SECONDS: another process's tra
 # ---- PostgreSQL, and its host apart: network namespaces ----
 
 
-class Hosts:
-    """Two hosts beside this one, as network namespaces: the app's (the server), linked
-    to this one (clients, receiver), and the database's, linked to the app's. Each link
-    is a /30 of 10.213.<block>.0/24, a block taken with the lock files of the partition
-    tests (test_plantstore_postgres.py), so that a run and a test never share one.
-    remove() ends every process on them and deletes them; a run killed before it could
-    is swept by the next one."""
+def nemesis_hosts():
+    """Two hosts beside this one, testbed's Hosts (those of the partition tests, which
+    take a block of addresses no run or test shares): the app's (the server), linked to
+    this one (clients, receiver), and the database's, linked to the app's. remove() ends
+    every process on them and deletes them; a run killed before it could is swept by
+    the next one."""
+    from testbed import Hosts  # noqa: PLC0415 (the runner's)
 
-    prefix = "plantstore-nemesis-"
+    class NemesisHosts(Hosts):
+        prefix = "plantstore-nemesis-"
 
-    def __init__(self):
-        self.namespaces, self.devices, self.links = [], [], 0
-        self._sweep()
-        for block in range(256):
-            self._lock = open(
-                Path(tempfile.gettempdir()) / f"plantstore-netns-10.213.{block}.lock",
-                "w",
-            )
-            try:
-                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self._lock.close()
-                continue
-            if f" 10.213.{block}." not in ip("-4", "-o", "address", "show"):
-                self.block = block
-                break
-            self._lock.close()
-        else:
-            raise RuntimeError("no free block of addresses in 10.213.0.0/16")
-        self.app, self.db = self._host("app"), self._host("db")
-        self.front = self._link(None, self.app)
-        self.data = self._link(self.app, self.db)
+        def __init__(self):
+            super().__init__()
+            self.app, self.db = self.host("app"), self.host("db")
+            self.front = self.link(None, self.app)
+            self.data = self.link(self.app, self.db)
 
-    def inside(self, host):
-        return ["ip", "netns", "exec", host]
+        def set_data_link(self, state):
+            """The database host's end of its link "down" (silence) or "up"."""
+            self.set_link(self.db, self.data[self.db][1], state)
 
-    def set_data_link(self, state):
-        """The database host's end of its link "down" (silence) or "up"."""
-        ip("-n", self.db, "link", "set", "dev", self.data[self.db][1], state)
-
-    def _host(self, name):
-        namespace = f"{self.prefix}{os.getpid()}-{name}"
-        ip("netns", "add", namespace)
-        self.namespaces.append(namespace)
-        ip("-n", namespace, "link", "set", "lo", "up")
-        return namespace
-
-    def _link(self, one, other):
-        n, self.links = self.links, self.links + 1
-        ends = {
-            one: (f"10.213.{self.block}.{4 * n + 1}", f"pn{os.getpid()}l{n}a"),
-            other: (f"10.213.{self.block}.{4 * n + 2}", f"pn{os.getpid()}l{n}b"),
-        }
-        (_, first), (_, second) = ends[one], ends[other]
-        into = [["netns", host] if host else [] for host in (one, other)]
-        ip(
-            "link",
-            "add",
-            first,
-            *into[0],
-            "type",
-            "veth",
-            "peer",
-            "name",
-            second,
-            *into[1],
-        )
-        if one is None:
-            self.devices.append(first)
-        for host, (address, device) in ends.items():
-            n_ = ["-n", host] if host else []
-            ip(*n_, "link", "set", device, "addrgenmode", "none")
-            ip(*n_, "address", "add", f"{address}/30", "dev", device)
-            ip(*n_, "link", "set", device, "up")
-        return ends
-
-    def remove(self):
-        for namespace in self.namespaces:
-            self._kill_all(namespace)
-        for device in self.devices:
-            ip("link", "delete", device, check=False)
-        for namespace in self.namespaces:
-            ip("netns", "delete", namespace, check=False)
-        self._lock.close()
-
-    def _kill_all(self, namespace):
-        deadline = time.monotonic() + WAIT
-        while pids := ip("netns", "pids", namespace, check=False).split():
-            for pid in map(int, pids):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"processes outlive SIGKILL in {namespace}")
-            time.sleep(0.05)
-
-    def _sweep(self):
-        for line in ip("netns", "list").splitlines():
-            namespace = line.split()[0] if line.strip() else ""
-            if match := re.fullmatch(rf"{self.prefix}(\d+)-.*", namespace):
-                if not os.path.exists(f"/proc/{match[1]}"):
-                    self._kill_all(namespace)
-                    ip("netns", "delete", namespace, check=False)
-
-
-def ip(*args, check=True):
-    return subprocess.run(
-        ["ip", *args], check=check, capture_output=True, text=True, timeout=WAIT
-    ).stdout
+    return NemesisHosts()
 
 
 def postgres_on(hosts):
@@ -985,7 +898,7 @@ class Run:
             files[name].chmod(0o600)
         kinds = set(options.faults)
         if options.store == "postgres" and "partition" in kinds:
-            self.hosts = Hosts()
+            self.hosts = nemesis_hosts()
             self.cleanups.append(self.hosts.remove)
             self.inside_app = self.hosts.inside(self.hosts.app)
             self.app_address = self.hosts.front[self.hosts.app][0]
