@@ -10,6 +10,10 @@ in-memory store; `app`, the whole service as make_app builds it, in WebTest
 (the in-memory one, SQLite, PostgreSQL); `webhook_app`, make_app with webhooks on a
 short schedule. A fixture one test file alone uses is in that file."""
 
+import collections
+
+import pytest
+
 from testbed import (
     any_store as any_store,
     app as app,
@@ -21,3 +25,11 @@ from testbed import (
     store as store,
     webhook_app as webhook_app,
 )
+
+
+def pytest_collection_modifyitems(items):
+    """pytest-xdist (setup.cfg's -n 2) schedules tests by node id, and of tests that
+    share one it runs the first alone: stop before a test is silently left out."""
+    ids = collections.Counter(item.nodeid for item in items)
+    if shared := sorted(nodeid for nodeid, count in ids.items() if count > 1):
+        raise pytest.UsageError(f"tests share a node id: {', '.join(shared)}")
