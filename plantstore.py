@@ -1532,6 +1532,7 @@ class WebhookSender:
     # An event is due from its making on: its next_at is its birth, not 0, so that the
     # claim's order below (next_at, then seq) is nearly an index's order on PostgreSQL
     # too (plant_events_due), where a backlog of ties at 0 would be sorted each claim.
+    # (Another host's sender, its clock behind, takes it that much later.)
     EVENT = (
         "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
         " VALUES (:url, :webhook_id, :body, :created, :created)"
