@@ -1377,49 +1377,38 @@ def same_backlog_from_every_worker(spawn, db, creates=10, scrapes=12):
 
 
 RELEASE_1_3_0 = "6cbd149"  # the commit of 1.3.0: an upgrade is tested with its own code
-
-
-def plantstore_1_3_0(folder):
-    """1.3.0's plantstore.py (PostgresStore was inside it), from the repository's
-    history, written into folder; return its path."""
-    shown = subprocess.run(
-        ["git", "-C", str(HERE), "show", f"{RELEASE_1_3_0}:plantstore.py"],
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-    )
-    assert shown.returncode == 0, (
-        f"1.3.0's code comes from the repository's history (git show "
-        f"{RELEASE_1_3_0}:plantstore.py): {shown.stderr}"
-    )
-    assert '\n__version__ = "1.3.0"\n' in shown.stdout
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "plantstore.py"
-    path.write_text(shown.stdout)
-    return path
-
-
 RELEASE_1_4_0 = "ab8de6f"  # the commit of 1.4.0, the last release
 
 
-def plantstore_1_4_0(folder):
-    """1.4.0's plantstore.py and plantstore_postgres.py, from the repository's history,
-    written into folder; return the path of its plantstore.py."""
+def release(commit, version, names, folder):
+    """A release's files (names), from the repository's history, written into folder;
+    return the path of its plantstore.py, which must say it is `version`."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in "plantstore.py", "plantstore_postgres.py":
+    for name in names:
         shown = subprocess.run(
-            ["git", "-C", str(HERE), "show", f"{RELEASE_1_4_0}:{name}"],
+            ["git", "-C", str(HERE), "show", f"{commit}:{name}"],
             capture_output=True,
             text=True,
             timeout=WAIT,
         )
         assert shown.returncode == 0, (
-            f"1.4.0's code comes from the repository's history (git show "
-            f"{RELEASE_1_4_0}:{name}): {shown.stderr}"
+            f"{version}'s code comes from the repository's history (git show "
+            f"{commit}:{name}): {shown.stderr}"
         )
         (folder / name).write_text(shown.stdout)
-    assert '\n__version__ = "1.4.0"\n' in (folder / "plantstore.py").read_text()
+    assert f'\n__version__ = "{version}"\n' in (folder / "plantstore.py").read_text()
     return folder / "plantstore.py"
+
+
+def plantstore_1_3_0(folder):
+    """1.3.0's plantstore.py (PostgresStore was inside it) in folder; its path."""
+    return release(RELEASE_1_3_0, "1.3.0", ["plantstore.py"], folder)
+
+
+def plantstore_1_4_0(folder):
+    """1.4.0's plantstore.py and plantstore_postgres.py in folder; its plantstore.py."""
+    names = ["plantstore.py", "plantstore_postgres.py"]
+    return release(RELEASE_1_4_0, "1.4.0", names, folder)
 
 
 def event_columns(db):
