@@ -1,11 +1,10 @@
 """PostgreSQL for plantstore: the SQL store's overrides for psycopg 3.
 
-plantstore.py runs on the standard library alone; this module, beside it, holds what
-needs psycopg, and plantstore imports it only when PLANTSTORE_DB names PostgreSQL.
-`pip install '.[postgres]'` in its folder installs both. The SQL itself is SQLStore's,
-written once in plantstore.py; state are PostgreSQL's differences: connecting through
-libpq with bounds on every wait, its DDL, a batch in one statement, and a watchdog
-that cuts a statement at its request's deadline.
+The one module of plantstore with a dependency, psycopg, imported only when
+PLANTSTORE_DB names PostgreSQL: `pip install '.[postgres]'` in its folder installs both.
+The SQL itself is SQLStore's, written once in plantstore_sql.py; here are PostgreSQL's
+differences: connecting through libpq with bounds on every wait, its DDL, a batch in one
+statement, and a watchdog that cuts a statement at its request's deadline.
 """
 
 import collections
@@ -21,15 +20,10 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from plantstore import (
-    CONNECT_SECONDS,
-    DB_FORMS,
-    DB_VARIABLE,
-    DB_WAIT_SECONDS,
-    Background,
-    SQLStore,
-    _log,
-)
+from plantstore_background import Background
+from plantstore_log import log_line
+from plantstore_settings import DB_FORMS
+from plantstore_sql import CONNECT_SECONDS, DB_WAIT_SECONDS, SQLStore
 
 __all__ = ["PostgresStore", "postgres_settings"]
 
@@ -101,7 +95,7 @@ class PostgresStore(SQLStore):
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
             raise ValueError(
-                f"{DB_VARIABLE}: {name}: {error.diag.message_primary}: the "
+                f"PLANTSTORE_DB: {name}: {error.diag.message_primary}: the "
                 "role needs CREATE on the schema to make plantstore's tables or, "
                 "once their owner made them, SELECT, INSERT, UPDATE and DELETE on "
                 "them"
@@ -109,7 +103,7 @@ class PostgresStore(SQLStore):
         except psycopg.Error as error:
             refusal = self.refusal(error)
             if refusal:
-                raise ValueError(f"{DB_VARIABLE}: {name}: {refusal}") from None
+                raise ValueError(f"PLANTSTORE_DB: {name}: {refusal}") from None
             if not isinstance(error, self.outages):
                 raise
             # else the database is away at start: waited for, as any outage is
@@ -188,7 +182,7 @@ class PostgresStore(SQLStore):
             # only the table's owner may move its identity; another role leaves it
             with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
                 for _, largest in run_sql(self.MOVE.format(table)).fetchall():
-                    _log(
+                    log_line(
                         f"the identity of {table} was behind its largest seq, "
                         f"{largest}: "
                         "moved past it"
@@ -199,7 +193,7 @@ class PostgresStore(SQLStore):
             super().upgrade(run_sql)
         except psycopg.errors.InsufficientPrivilege:  # a role the owner granted them
             raise ValueError(
-                f"{DB_VARIABLE}: {self.name}: this version needs the column `created`"
+                f"PLANTSTORE_DB: {self.name}: this version needs the column `created`"
                 " in plant_events, which only the tables' owner may add: as the owner,"
                 f" run once: {'; '.join(self.ADD_CREATED)}"
             ) from None
@@ -265,7 +259,7 @@ def postgres_settings(conninfo):
             or "#" in conninfo
         ):
             raise ValueError(
-                f"{DB_VARIABLE} is not a well-formed PostgreSQL URL: in the user name "
+                f"PLANTSTORE_DB is not a well-formed PostgreSQL URL: in the user name "
                 "and password, write @ as %40, / as %2F, ? as %3F and # as %23; "
                 f"it takes {DB_FORMS}"
             )
@@ -275,7 +269,7 @@ def postgres_settings(conninfo):
         )
     except Exception:  # libpq's message quotes the setting, password and all: not shown
         raise ValueError(
-            f"{DB_VARIABLE} cannot be read: look for a %-escape that is not two hex "
+            f"PLANTSTORE_DB cannot be read: look for a %-escape that is not two hex "
             "digits, an option libpq does not know, or a word without =value; it "
             f"takes {DB_FORMS}"
         ) from None
@@ -287,7 +281,7 @@ def postgres_settings(conninfo):
         if port
     ):
         raise ValueError(
-            f"{DB_VARIABLE}: each port must be a number from 1 to 65535, "
+            "PLANTSTORE_DB: each port must be a number from 1 to 65535, "
             "one for every host or one for all"
         )
     ports = ports * len(hosts) if len(ports) == 1 else ports

@@ -1,23 +1,26 @@
-"""Tests for the core of plantstore.py, everything above its line "# ---- Optional
-parts": the request path, in process, of plantstore.Application alone (the `app`
-fixture) with the in-memory store: routing, authentication, Content-Length and size, the
-media type, strict JSON, NewPlant, the check order, HEAD, OPTIONS and 405, error
-rendering, request ids, pages and the streamed listing, the store under threads, and the
-core cut at the banner as a whole service. No server, no SQL store, no subprocess:
-threads only to test locking. Each optional part's tests are in a file named by it,
-test_plantstore_<part>.py, beside this one."""
+"""The tests of plantstore.py, the core, and of nothing beside it; they run with pytest
+and WebTest alone. In process, plantstore.Application (the `app` fixture) with its
+MemoryStore: routing, authentication, Content-Length and size, the media type, strict
+JSON, NewPlant, the check order, HEAD, OPTIONS and 405, error rendering, request ids,
+pages and the streamed listing, the store under threads. Then plantstore.py copied alone
+into a folder and run: the core served in memory, and the settings it refuses. The full
+service's tests are each in a file named by its part, test_plantstore_<part>.py."""
 
 import ast
-import importlib.util
 import io
 import json
+import os
 import re
+import shutil
+import signal
+import sys
 
 import pytest
 import webtest
 
 import plantstore
-from plantstore import Application, INT64_MAX, INT64_MIN, MAX_BODY_BYTES, PlantStore
+from plantstore import Application, INT64_MAX, INT64_MIN, MAX_BODY_BYTES
+
 from testbed import (
     AUTH,
     BAD_AUTH,
@@ -27,8 +30,11 @@ from testbed import (
     KEPT_IDS,
     OTHER_TOKEN,
     REPLACED_IDS,
+    SERVICE_LINKS,
     STATUSES_RAISED,
     TOKEN,
+    WAIT,
+    Lines,
     answered_ids,
     assert_405_with_the_allow_of_options_before_auth,
     assert_error,
@@ -36,17 +42,20 @@ from testbed import (
     assert_options_204_with_allow,
     body_of_size,
     call,
-    follow_pages,
+    environ_without_tokens,
     in_threads,
     mounted_at_api,
+    exchange,
     post,
     stored,
 )
 
+INT64_RANGE = f"from {INT64_MIN} to {INT64_MAX}"  # in the 400 of an id out of range
+
 
 @pytest.fixture
 def store():
-    """The core's store, MemoryStore (conftest.py's is make_app's, PlantStore)."""
+    """The core's store, MemoryStore (conftest.py's is make_app's, ChunkedStore)."""
     return plantstore.MemoryStore()
 
 
@@ -107,71 +116,106 @@ def test_lone_surrogate_in_name_is_stored_and_escaped(app, store):
     assert stored(store).get(10) == ("\ud800", "\udfff")
 
 
-# ---- The core alone: the file cut at "Optional parts" is a whole service ----
+# ---- plantstore.py copied alone: the core, served in memory, refusing the rest ----
 
 
-def test_the_core_cut_at_the_banner_serves_the_request_path_alone(tmp_path, capfd):
-    source = (HERE / "plantstore.py").read_text(encoding="utf-8")
-    cut = source.index("\n# ---- Optional parts")
-    (tmp_path / "core.py").write_text(source[:cut], encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(
-        "plantstore_core", tmp_path / "core.py"
+def alone(tmp_path, spawn, *args, **settings):
+    """`python -S plantstore.py ARGS` run from a folder that holds plantstore.py alone:
+    no module beside it, and no site-packages (-S), so no installed copy either."""
+    shutil.copy(HERE / "plantstore.py", tmp_path)
+    command = [sys.executable, "-S", "plantstore.py", *args]
+    return spawn(command, environ_without_tokens(**settings), cwd=tmp_path)
+
+
+def test_plantstore_py_copied_alone_serves_the_core_in_memory(tmp_path, spawn):
+    process = alone(tmp_path, spawn, "--port", "0", PLANTSTORE_TOKENS=TOKEN)
+    lines = Lines(process.stderr)
+    host, port = lines.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    fern = {"id": 1, "name": "Fern"}
+    assert exchange(host, port, "POST", "/plants", fern)[::2] == (200, {"name": "Fern"})
+    assert exchange(host, port, "POST", "/plants", fern)[0] == 409
+    assert exchange(host, port, "GET", "/plants")[::2] == (200, [{"name": "Fern"}])
+    status, headers, _ = exchange(host, port, "DELETE", "/plants/1")
+    assert status == 204 and "Content-Length" not in headers  # unlike stock wsgiref
+    assert exchange(host, port, "GET", "/plants", token="not-a-token-we-know")[0] == 401
+    process.send_signal(signal.SIGINT)  # Ctrl-C
+    assert process.wait(WAIT) == 0
+    assert "Traceback" not in lines.rest()
+
+
+def test_plantstore_py_alone_makes_up_a_token_when_none_is_set(tmp_path, spawn):
+    process = alone(tmp_path, spawn, "--port", "0")
+    lines = Lines(process.stderr)
+    token = lines.until(r"this run accepts one new token: (\S+)")[1]
+    host, port = lines.until(r"listening on http://([\d.]+):(\d+)/plants").groups()
+    assert exchange(host, port, "GET", "/plants", token=token)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("PLANTSTORE_DB", "plants.sqlite3"),
+        ("PLANTSTORE_DB", "postgresql://plantstore@db/plants"),
+        ("PLANTSTORE_WEBHOOK_URL", "http://127.0.0.1:9/hook"),
+        ("PLANTSTORE_CORS_ORIGINS", "https://example.org"),
+        ("PLANTSTORE_TOKENS_FILE", "/etc/plantstore/tokens"),
+    ],
+)
+def test_plantstore_py_alone_refuses_a_setting_only_the_full_service_serves(
+    tmp_path, spawn, name, value
+):
+    """It never keeps plants in memory when a database was asked for, nor serves
+    without webhooks or CORS that were asked for: one line, naming what it needs."""
+    process = alone(
+        tmp_path, spawn, "--port", "0", PLANTSTORE_TOKENS=TOKEN, **{name: value}
     )
-    core = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(core)
-    assert capfd.readouterr() == ("", "")  # importing it printed nothing
-    assert "make_app" not in vars(core) and "SQLStore" not in vars(core)
-    application = core.Application([TOKEN], max_body_bytes=64)
-    fern = json.dumps({"id": 1, "name": "Fern"}).encode()
-    assert call(application, body=fern) == (200, ANY_HEADERS, {"name": "Fern"})
-    assert call(application, body=fern)[::2] == (
-        409,
-        {"error": 409, "message": ANY_TEXT},
-    )
-    assert call(application, body=b"{")[0] == 400
-    status, headers, _ = call(
-        application, body=fern, environ={"HTTP_AUTHORIZATION": None}
-    )
-    assert (status, headers["WWW-Authenticate"]) == (401, 'Bearer realm="plantstore"')
-    assert (
-        call(application, body=fern, environ={"CONTENT_TYPE": "text/plain"})[0] == 415
-    )
-    assert call(application, body=b"x" * 65)[0] == 413
-    call(application, body=json.dumps({"id": 2, "name": "Ivy", "tag": "t"}).encode())
-    assert call(application, method="GET")[2] == [
-        {"name": "Fern"},
-        {"name": "Ivy", "tag": "t"},
+    assert process.wait(WAIT) == 2
+    assert process.stderr.read().splitlines() == [
+        f"plantstore: {name} needs the full service: plantstore_app.py and the "
+        "modules beside plantstore.py, or plantstore.pyz; this file keeps plants in "
+        "memory"
     ]
-    status, headers, page = call(
-        application, method="GET", environ={"QUERY_STRING": "limit=1"}
+    assert os.listdir(tmp_path) == ["plantstore.py"]  # no file made
+
+
+def test_plantstore_py_alone_refuses_a_typo_and_lets_service_links_pass(
+    tmp_path, spawn
+):
+    process = alone(
+        tmp_path, spawn, "--port", "0", PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB_URL="x"
     )
-    assert page == [{"name": "Fern"}] and headers["Link"].startswith(
-        "</plants?limit=1&after="
+    assert process.wait(WAIT) == 2
+    assert process.stderr.read() == (
+        "plantstore: PLANTSTORE_DB_URL is not a plantstore setting: did you mean "
+        "PLANTSTORE_DB?\n"
     )
-    head = call(application, method="HEAD", environ={"QUERY_STRING": "limit=1"})
-    assert head == (200, headers, None)  # GET's headers, no body
-    assert call(application, method="OPTIONS")[:2] == (
-        204,
-        {"Allow": "GET, HEAD, OPTIONS, POST"},
+    # what Kubernetes sets for a Service named plantstore and one named plantstore-db
+    process = alone(
+        tmp_path, spawn, "--port", "0", PLANTSTORE_TOKENS=TOKEN, **SERVICE_LINKS
     )
-    assert call(application, method="PUT")[1]["Allow"] == "GET, HEAD, OPTIONS, POST"
-    assert call(application, method="DELETE", path="/plants/1")[0] == 204
-    assert call(application, method="DELETE", path="/plants/1")[0] == 404
-    assert call(
-        application, method="GET", path="/health", environ={"HTTP_AUTHORIZATION": None}
-    ) == (200, ANY_HEADERS, {"status": "ok"})
+    Lines(process.stderr).until(r"listening on http://")
+
+
+def test_python_older_than_3_11_is_told_so_in_one_line(tmp_path, spawn):
+    shutil.copy(HERE / "plantstore.py", tmp_path)
+    # as Python 3.10 would see it
+    code = "import sys; sys.version_info = (3, 10, 13, 'final', 0); import plantstore"
+    process = spawn(
+        [sys.executable, "-S", "-c", code], environ_without_tokens(), cwd=tmp_path
+    )
+    assert process.wait(WAIT) == 1
+    assert process.stderr.read() == "plantstore needs Python 3.11 or newer\n"
 
 
 # modules of the standard library that only POSIX systems have
 POSIX_ONLY = {"fcntl", "grp", "posix", "pty", "pwd", "resource", "syslog", "termios"}
 
 
-def test_the_core_cut_at_the_banner_imports_only_what_it_uses_and_runs_anywhere():
-    """Cut at its banner, the core imports nothing it does not use (no noqa hides one)
-    and nothing that only POSIX systems have: it copies alone, onto Windows too."""
-    source = (HERE / "plantstore.py").read_text(encoding="utf-8")
-    core = source[: source.index("\n# ---- Optional parts")]
-    tree = ast.parse(core)
+def test_plantstore_py_imports_only_what_it_uses_and_runs_anywhere():
+    """plantstore.py imports nothing it does not use (no noqa hides one), nothing
+    beside it but in full_service(), and nothing that only POSIX systems have: it
+    copies alone, onto Windows too."""
+    tree = ast.parse((HERE / "plantstore.py").read_text(encoding="utf-8"))
     imported = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -181,12 +225,17 @@ def test_the_core_cut_at_the_banner_imports_only_what_it_uses_and_runs_anywhere(
     used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
     assert set(imported) - used == set(), "imported, never used"
     assert {module.split(".")[0] for module in imported.values()} & POSIX_ONLY == set()
-    assert "# noqa" not in core
-    version = next(n.lineno for n in tree.body if isinstance(n, ast.Assign))
-    assert all(  # every import at the top, where a reader looks for them
-        node.lineno < version
+    assert "# noqa" not in (HERE / "plantstore.py").read_text(encoding="utf-8")
+    beside = [
+        node.lineno
         for node in ast.walk(tree)
-        if isinstance(node, (ast.Import, ast.ImportFrom))
+        if isinstance(node, ast.Import) and node.names[0].name.startswith("plantstore")
+    ]
+    handing_over = next(
+        n for n in tree.body if getattr(n, "name", "") == "full_service"
+    )
+    assert (
+        len(beside) == 1 and handing_over.lineno < beside[0] < handing_over.end_lineno
     )
 
 
@@ -728,11 +777,13 @@ BAD_SHAPES = [
     pytest.param(
         {"id": 1, "name": "Fern", "tag": {}}, "'tag' must be a string", id="object-tag"
     ),
-    pytest.param({"id": INT64_MAX + 1, "name": "Fern"}, "int64", id="int64-max-plus-1"),
     pytest.param(
-        {"id": INT64_MIN - 1, "name": "Fern"}, "int64", id="int64-min-minus-1"
+        {"id": INT64_MAX + 1, "name": "Fern"}, INT64_RANGE, id="int64-max-plus-1"
     ),
-    pytest.param({"id": 2**64, "name": "Fern"}, "int64", id="2-to-the-64"),
+    pytest.param(
+        {"id": INT64_MIN - 1, "name": "Fern"}, INT64_RANGE, id="int64-min-minus-1"
+    ),
+    pytest.param({"id": 2**64, "name": "Fern"}, INT64_RANGE, id="2-to-the-64"),
 ]
 
 
@@ -954,10 +1005,11 @@ def test_a_custom_store_is_used():
             self.calls.append((plant_id, name, tag))
             return plant_id != 2
 
-        def list(self, _limit):
+        def page(self, _after, _limit):
             return []
 
-        delete = list
+        def delete(self, _plant_id):
+            return False
 
     recording = RecordingStore()
     custom = webtest.TestApp(Application([TOKEN], store=recording))
@@ -971,7 +1023,7 @@ def test_a_custom_store_is_used():
     [
         ([], ValueError),
         ((), ValueError),
-        ("a-token", TypeError),
+        ("a-token-of-more-than-16", ValueError),  # a string: each character a token
         ([""], ValueError),
         (["a b"], ValueError),
         (["tab\there"], ValueError),
@@ -991,14 +1043,14 @@ def test_a_custom_store_is_used():
         "one-empty",
     ],
 )
-def test_make_app_refuses_bad_tokens(tokens, error):
+def test_application_refuses_bad_tokens(tokens, error):
     with pytest.raises(error) as raised:
         Application(tokens)
     for token in tokens if isinstance(tokens, (list, tuple)) else ():
         assert not token or str(token) not in str(raised.value)
 
 
-def test_make_app_refuses_a_short_token_without_quoting_it():
+def test_application_refuses_a_short_token_without_quoting_it():
     with pytest.raises(ValueError, match="at least 16 characters") as raised:
         Application(["eleven-char"])
     assert "eleven-char" not in str(
@@ -1006,21 +1058,19 @@ def test_make_app_refuses_a_short_token_without_quoting_it():
     ) and "secrets.token_urlsafe(32)" in str(raised.value)
 
 
-@pytest.mark.parametrize("missing", ["add", "delete", "list"])
-def test_make_app_names_the_method_a_store_lacks(missing):
+@pytest.mark.parametrize("missing", ["add", "page", "delete"])
+def test_application_names_the_method_a_store_lacks(missing):
     methods = {
         name: lambda *_args: None
-        for name in ("add", "delete", "list")
+        for name in ("add", "page", "delete")
         if name != missing
     }
-    # page(), or the first interface's list()
-    lacking = "page" if missing == "list" else missing
-    with pytest.raises(TypeError, match=f"the store has no {lacking}\\(\\) method"):
+    with pytest.raises(TypeError, match=f"the store has no {missing}\\(\\) method"):
         Application([TOKEN], store=type("Store", (), methods)())
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, "100"])
-def test_make_app_refuses_a_bad_limit(limit):
+def test_application_refuses_a_bad_limit(limit):
     with pytest.raises(ValueError):
         Application([TOKEN], max_body_bytes=limit)
 
@@ -1034,11 +1084,13 @@ def test_make_app_refuses_a_bad_limit(limit):
 
 class AwayStore:
     """A store whose database is away, as the Store interface says one answers: each
-    call raises unavailable(), a 503 with Retry-After. (The SQL stores' own outages are
+    call raises a 503 with Retry-After. (The SQL stores' own outages are
     test_plantstore_sqlite.py's.)"""
 
     def add(self, *_args):
-        raise plantstore.unavailable("the database")
+        raise plantstore.HTTPError(
+            503, "the database is unavailable", headers=[("Retry-After", "2")]
+        )
 
     page = delete = ping = add
 
@@ -1046,7 +1098,7 @@ class AwayStore:
 def answer_of(case, request_id):
     """One request of the case (by its status), sending request_id (None: no header);
     return (status, the X-Request-ID headers answered, what went to wsgi.errors)."""
-    store, arguments = PlantStore(), dict(method="GET", path="/plants")
+    store, arguments = plantstore.MemoryStore(), dict(method="GET", path="/plants")
     if case == 500:
         arguments = dict(method="POST", body=b'{"id": 1, "name": "x"}')
         store = BrokenStore()
@@ -1164,7 +1216,7 @@ def test_a_page_link_is_relative_to_where_the_app_is_mounted(store):
         status=200,
     )
     assert re.fullmatch(
-        r'</api%20v1/plants\?limit=2&after=[\w-]{11}>; rel="next"',
+        r'</api%20v1/plants\?limit=2&after=1>; rel="next"',  # the seq of its last plant
         response.headers["Link"],
     )
 
@@ -1184,10 +1236,11 @@ def test_the_last_page_and_an_empty_page_have_no_next_link(app, store):
     [
         "",
         "abc",
-        "AAAAAAAAAA!",
-        "AAAAAAAAAAAA",
-        "%20AAAAAAAAAAA",
-        "AAAAAAAAAAI&after=AAAAAAAAAAI",
+        "AAAAAAAAAAk",  # 1.5.0's cursors
+        "7.5",
+        "%207",
+        "9223372036854775808",
+        "7&after=7",
     ],
 )
 def test_a_malformed_cursor_is_400_naming_after(app, after):
@@ -1230,33 +1283,3 @@ def test_the_whole_listing_streams_a_page_at_a_time(store):
     ]
     # the lock is never held for more than one page
     assert asked == [plantstore.PAGE_MAX] * 3
-
-
-def test_a_store_of_the_first_interface_still_pages():
-    class ListOnly:  # add, list and delete only, as README's example of 1.0 had it
-        def __init__(self):
-            self.plants = {}
-
-        def add(self, plant_id, name, tag):
-            return self.plants.setdefault(plant_id, (name, tag)) == (name, tag)
-
-        def list(self, limit):
-            return list(self.plants.values())[:limit]
-
-        def delete(self, plant_id):
-            return self.plants.pop(plant_id, None) is not None
-
-    store = ListOnly()
-    for plant_id in range(25):
-        store.add(plant_id, f"p{plant_id}", None)
-    application = webtest.TestApp(Application([TOKEN], store=store))
-    assert follow_pages(application, "/plants?limit=10") == (
-        [f"p{i}" for i in range(25)],
-        3,
-    )
-    assert len(application.get("/plants", headers=AUTH, status=200).json) == 25
-    # a well-formed cursor no page made: before the oldest
-    negative = plantstore.page_cursor(-1)
-    assert application.get(
-        f"/plants?limit=2&after={negative}", headers=AUTH, status=200
-    ).json == [{"name": "p0"}, {"name": "p1"}]

@@ -1,9 +1,10 @@
-"""Tests for the accelerators below the banner of plantstore.py, which make_app
-installs: PlantStore, the chunked in-memory store, and the usual body's fast read
-(`read_usual_new_plant`). Each is held to the core's answers: PlantStore to MemoryStore
-on the same random sequences of creates, deletes and pages, and the fast read to the
-JSON decoder and the NewPlant check on thousands of bodies near the usual shape, alone
-and through the whole application. The core's own tests are test_plantstore.py's."""
+"""Tests for the accelerators, plantstore_accelerators.py, which make_app installs:
+ChunkedStore, the chunked in-memory store, and the usual body's fast read
+(`read_usual_new_plant`). Each is held to the core's answers: ChunkedStore to
+MemoryStore on the same random sequences of creates, deletes and pages, and the fast
+read to the JSON decoder and the NewPlant check on thousands of bodies near the usual
+shape, alone and through the whole application. The core's own tests are
+test_plantstore.py's."""
 
 import gc
 import json
@@ -13,26 +14,29 @@ import pytest
 import webtest
 
 import plantstore
-from plantstore import Application, MemoryStore, PlantStore, make_app
-from testbed import AUTH, TOKEN, call, stored
+import plantstore_accelerators
+from plantstore import Application, MemoryStore
+from plantstore_accelerators import ChunkedStore
+from plantstore_app import make_app
+from testbed import AUTH, TOKEN, call, listed, stored
 
 
 @pytest.fixture
 def store():
-    return PlantStore()
+    return ChunkedStore()
 
 
 def test_application_alone_gets_the_core_s_store_and_no_fast_read():
     """make_app installs the accelerators; Application(tokens) alone is the core's."""
     core = Application([TOKEN])
     assert type(core.store) is MemoryStore
-    assert core.read_new_plant is plantstore.read_new_plant
+    assert core.plant_reader is plantstore.read_new_plant
     served = make_app([TOKEN])
-    assert type(served.store) is PlantStore
-    assert served.read_new_plant is plantstore.read_usual_new_plant
+    assert type(served.store) is ChunkedStore
+    assert served.plant_reader is plantstore_accelerators.read_usual_new_plant
 
 
-# ---- PlantStore answers as MemoryStore does ----
+# ---- ChunkedStore answers as MemoryStore does ----
 
 
 def test_plantstore_answers_as_memorystore_on_the_same_sequences():
@@ -40,8 +44,8 @@ def test_plantstore_answers_as_memorystore_on_the_same_sequences():
     pages from every kind of cursor, on both stores in step: the same answers, seqs
     included, past several chunks, with chunks emptied and ids used again."""
     rng = random.Random(52)
-    core, fast = MemoryStore(), PlantStore()
-    ids = range(3 * plantstore.CHUNK)
+    core, fast = MemoryStore(), ChunkedStore()
+    ids = range(3 * plantstore_accelerators.CHUNK)
     for step in range(40_000):
         roll, plant_id = rng.random(), rng.choice(ids)
         if roll < 0.55:
@@ -56,16 +60,16 @@ def test_plantstore_answers_as_memorystore_on_the_same_sequences():
     assert core.page(None, plantstore.INT64_MAX) == fast.page(
         None, plantstore.INT64_MAX
     )
-    assert core.list() == fast.list() and core.list(3) == fast.list(3)
+    assert listed(core) == listed(fast) and listed(core, 3) == listed(fast, 3)
 
 
 def test_plantstore_serves_the_pages_memorystore_serves():
     """Through the application: the same pages and next links, chunk edges included."""
     answers = []
-    for store in MemoryStore(), PlantStore():
-        for plant_id in range(2 * plantstore.CHUNK + 5):
+    for store in MemoryStore(), ChunkedStore():
+        for plant_id in range(2 * plantstore_accelerators.CHUNK + 5):
             store.add(plant_id, f"p{plant_id}", None)
-        for plant_id in range(0, 2 * plantstore.CHUNK, 3):
+        for plant_id in range(0, 2 * plantstore_accelerators.CHUNK, 3):
             store.delete(plant_id)
         application = webtest.TestApp(Application([TOKEN], store=store))
         pages, url = [], "/plants?limit=500"
@@ -82,7 +86,9 @@ def test_stored_plants_give_the_garbage_collector_a_few_objects_per_chunk(store)
     """The collector tracks a handful more objects per CHUNK plants, not one per plant:
     collections come no more often as the store grows (README, "Python versions")."""
     chunks = 16
-    names = [f"p{i}" for i in range(chunks * plantstore.CHUNK)]  # made before counting
+    names = [
+        f"p{i}" for i in range(chunks * plantstore_accelerators.CHUNK)
+    ]  # made before counting
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()  # no collection untracks what the adds made: every one is counted
@@ -98,7 +104,7 @@ def test_stored_plants_give_the_garbage_collector_a_few_objects_per_chunk(store)
     # (name, tag) tuple per plant would make it 16,384
     assert new_tracked <= 4 * chunks
     assert stored(store)[len(names) - 1] == (names[-1], "indoor")
-    assert store.list(1) == [("p0", "indoor")]
+    assert listed(store, 1) == [("p0", "indoor")]
 
 
 def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
@@ -113,7 +119,7 @@ def test_a_page_costs_what_it_holds_after_the_oldest_are_deleted(store):
     assert [seq for seq, _, _ in store.page(None, 3)] == [18_000, 18_001, 18_002]
     # a cursor into the deleted range too
     assert [seq for seq, _, _ in store.page(5, 2)] == [18_000, 18_001]
-    assert len(store.list()) == 2_000 and store.list(1) == [("", None)]
+    assert len(listed(store)) == 2_000 and listed(store, 1) == [("", None)]
 
 
 # ---- The fast read of the usual body answers as the JSON decoder does ----
@@ -215,15 +221,15 @@ def test_fast_path_reads_exactly_what_the_json_decoder_reads():
         body = text.encode("utf-8", "surrogatepass")
         if rng.random() < 0.05:  # bytes that are no UTF-8, in the usual shape or not
             body = body.replace(b"e", b"\xe9", 1)
-        fast = reading(plantstore.read_usual_new_plant, body)
+        fast = reading(plantstore_accelerators.read_usual_new_plant, body)
         assert fast == reading(plantstore.read_new_plant, body), body
         assert fast == full_reading(text) or "UTF-8" in fast, text
-        matched += plantstore._USUAL_NEWPLANT.fullmatch(text) is not None
+        matched += plantstore_accelerators._USUAL_NEWPLANT.fullmatch(text) is not None
     assert 500 < matched < 4500, matched  # both paths were exercised
 
 
 def test_make_app_answers_every_body_as_the_core_does():
-    """The same bodies through the whole application, make_app's (PlantStore, the fast
+    """The same bodies through the whole application, make_app's (ChunkedStore, the fast
     read) and the core's: the same status, body and headers but the request id."""
     apps = make_app([TOKEN]), Application([TOKEN])
     for text in random_bodies(1500, seed=53):

@@ -8,7 +8,7 @@ test_plantstore_settings.py's."""
 import pytest
 import webtest
 
-from plantstore import make_app
+from plantstore_app import make_app
 from testbed import AUTH, TOKEN, post
 
 

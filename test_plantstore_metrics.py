@@ -21,7 +21,11 @@ import webtest
 from prometheus_client.parser import text_string_to_metric_families
 
 import plantstore
-from plantstore import PlantStore, SQLiteStore, make_app
+import plantstore_sql
+import plantstore_cors
+from plantstore_accelerators import ChunkedStore
+from plantstore_app import make_app
+from plantstore_sqlite import SQLiteStore
 from testbed import (
     AUTH,
     HERE,
@@ -173,7 +177,7 @@ def test_metrics_count_each_receiver_s_waiting_and_failing_events_and_the_oldest
 def test_a_receiver_is_named_by_its_origin_as_a_browser_would_write_it(url, origin):
     """One origin, one series: the scheme's own port is left out, an IPv6 host keeps
     its brackets, and no path or query shows (they may hold a secret)."""
-    assert plantstore._origin(url) == origin
+    assert plantstore_cors.receiver_origin(url) == origin
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
@@ -188,7 +192,7 @@ def test_metrics_name_a_receiver_by_its_origin_alone_and_add_up_the_urls_of_one(
         f"http://127.0.0.1:{down}/other/path",
         live.url,
     ]
-    store = PlantStore() if kind == "memory" else SQLiteStore(tmp_path / "p.sqlite3")
+    store = ChunkedStore() if kind == "memory" else SQLiteStore(tmp_path / "p.sqlite3")
     served = make_app([TOKEN], store=store, webhook_urls=urls, webhook_secret=SECRET)
     application = webtest.TestApp(served)
     origins = f"http://127.0.0.1:{down}", live.url.removesuffix("/plant/webhook")
@@ -328,7 +332,9 @@ def test_metrics_a_1_3_0_sqlite_upgrade_that_outlasts_the_bound_starts_each_work
     while sum(line.count(", plants in ") for line in err.seen) < 2:
         said = err.until(r", plants in |cannot be opened.*|Reason: .*")[0]
         assert said == ", plants in ", "".join(err.seen)
-    assert time.monotonic() - started > plantstore.DB_WAIT_SECONDS  # it outlasted it
+    assert (
+        time.monotonic() - started > plantstore_sql.DB_WAIT_SECONDS
+    )  # it outlasted it
     created = read_database(str(path), "SELECT DISTINCT created FROM plant_events")
     assert len(created) == 1 and created[0][0] is not None  # upgraded once
 
@@ -464,7 +470,7 @@ def answer_of(case, request_id):
     errors, answered = io.StringIO(), []
     environ = {"wsgi.errors": errors, "HTTP_X_REQUEST_ID": request_id}
     status, _, _ = call(
-        answered_ids(make_app([TOKEN], store=PlantStore()), answered),
+        answered_ids(make_app([TOKEN], store=ChunkedStore()), answered),
         method="GET",
         path=f"/{case}",
         environ=environ,

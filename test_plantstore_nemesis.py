@@ -10,12 +10,14 @@ import os
 import signal
 import sqlite3
 import subprocess
+import shutil
 import sys
 import time
 
 import pytest
 
-import plantstore
+import plantstore_webhooks
+import plantstore_sqlite
 
 from testbed import (
     HERE,
@@ -99,16 +101,18 @@ def test_nemesis_short_form_loses_nothing(spawn, tmp_path):
     assert report["ok"], said
 
 
-# A defect planted in a copy of plantstore.py, by a textual replacement: (the line it
-# goes before, the defect). PLANTED counts in each process, so 1,000 creates answered
-# by 2 workers plant at least one.
+# A defect planted in a copy of the modules, by a textual replacement: (the module,
+# the line it goes before, the defect). PLANTED counts in each process, so 1,000
+# creates answered by 2 workers plant at least one.
 PLANTS = {
     "lost": (
+        "plantstore.py",
         "        if not self.store.add(plant_id, name, tag):\n",
         "        if next(PLANTED) % 500 == 0:  # planted: answered 200, never stored\n"
         "            return 200, plant_json(name, tag), []\n",
     ),
     "missing": (
+        "plantstore_webhooks.py",
         "        for url in self.urls:\n            run(\n",
         "        if next(PLANTED) % 500 == 0:  # planted: the event is never written\n"
         "            return\n",
@@ -121,12 +125,14 @@ def test_nemesis_checker_finds_a_planted_defect(spawn, tmp_path, defect):
     """A copy of plantstore that answers 200 to one create in 500 without storing it
     ("lost"), or that never writes one event in 500 ("missing"): a few seconds of load
     without faults, and the checker counts it."""
-    before, planted = PLANTS[defect]
-    text = (HERE / "plantstore.py").read_text()
-    assert text.count(before) == 1, f"plantstore.py changed: plant {defect} anew"
+    module, before, planted = PLANTS[defect]
     copy = tmp_path / "planted"
     copy.mkdir()
-    (copy / "plantstore.py").write_text(
+    for path in HERE.glob("plantstore*.py"):
+        shutil.copy(path, copy)
+    text = (HERE / module).read_text()
+    assert text.count(before) == 1, f"{module} changed: plant {defect} anew"
+    (copy / module).write_text(
         text.replace(before, planted + before)
         + "\nimport itertools  # noqa: E402\n\nPLANTED = itertools.count(1)\n"
     )
@@ -253,16 +259,16 @@ def test_nemesis_found_the_sender_claims_without_sorting_the_backlog(
     stops at its limit: its plan sorts nothing, in the file and in memory. A plan, not
     a time: the same on any machine."""
     path = tmp_path / "plants.sqlite3"
-    plantstore.SQLiteStore(
+    plantstore_sqlite.SQLiteStore(
         str(path)
     ).close()  # its tables and indexes, as it makes them
     now = time.time()
     claim = {"lease": now + 17, "now": now, "url": "http://r/", "due": now, "free": 4}
     with contextlib.closing(sqlite3.connect(":memory:" if in_memory else path)) as db:
         if in_memory:  # the outbox in memory, as the sender makes it
-            for statement in plantstore.WebhookSender.IN_MEMORY:
+            for statement in plantstore_webhooks.WebhookSender.IN_MEMORY:
                 db.execute(statement)
         plan = db.execute(
-            "EXPLAIN QUERY PLAN " + plantstore.WebhookSender.CLAIM, claim
+            "EXPLAIN QUERY PLAN " + plantstore_webhooks.WebhookSender.CLAIM, claim
         ).fetchall()
     assert not any("TEMP B-TREE" in step[-1] for step in plan), plan

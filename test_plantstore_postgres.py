@@ -33,10 +33,13 @@ import pytest
 import webtest
 from psycopg import sql
 
-import plantstore
+import plantstore_webhooks
+import plantstore_sql
 import plantstore_postgres
 from plantstore_postgres import PostgresStore
-from plantstore import INT64_MAX, INT64_MIN, SQLiteStore, make_app
+from plantstore import INT64_MAX, INT64_MIN
+from plantstore_app import make_app
+from plantstore_sqlite import SQLiteStore
 from testbed import (
     AUTH,
     HERE,
@@ -144,7 +147,7 @@ def test_a_commit_held_by_a_missing_sync_standby_is_a_bounded_503_and_a_retry_40
         standby("")  # which also lets the held commit end
     assert_unavailable(response)
     # cut, not held for as long as the standby is away
-    assert waited < 2 * plantstore.DB_WAIT_SECONDS
+    assert waited < 2 * plantstore_sql.DB_WAIT_SECONDS
     # PostgreSQL committed it: the retry finds it
     post(app, {"id": 2, "name": "Ivy"}, 409)
     # and lists it, once the backend that held its commit has ended its wait for the
@@ -217,8 +220,8 @@ def test_python_plantstore_py_names_what_postgres_needs_when_it_is_missing(
     err = process.stderr.read()
     assert err == (
         "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
-        f"{missing}: pip install '.[postgres]' in plantstore's folder installs "
-        "plantstore_postgres.py and psycopg\n"
+        f"{missing}: pip install 'psycopg[binary]' (or '.[postgres]' in plantstore's "
+        "folder)\n"
     )
 
 
@@ -397,7 +400,7 @@ def test_group_commit_stalled_postgres_answers_every_waiting_create_503_while_st
         for thread in senders:
             thread.start()
         # generous: two rounds of 4 threads
-        deadline = time.monotonic() + 3 * plantstore.DB_WAIT_SECONDS
+        deadline = time.monotonic() + 3 * plantstore_sql.DB_WAIT_SECONDS
         for thread in senders:
             thread.join(max(0, deadline - time.monotonic()))
         answered = dict(answers)  # as they are while the database is still stopped
@@ -946,7 +949,7 @@ def test_edges_a_health_flood_holds_at_most_the_pool_and_holds_up_no_other_insta
             client.join(WAIT)
     # answered while the flood was still on
     assert created == ((200, {"name": "Fern"}), True)
-    assert max(held) <= plantstore.SQLStore.POOL_SIZE + 1, held
+    assert max(held) <= plantstore_sql.SQLStore.POOL_SIZE + 1, held
     assert len(statuses) > 60 and set(statuses) == {200}
     flooded.send_signal(signal.SIGINT)
     assert flooded.wait(WAIT) == 0
@@ -1238,7 +1241,7 @@ def identity_behind(url, plant_seqs, event_seqs, webhook_url="http://127.0.0.1:1
                     seq,
                     webhook_url,
                     f"msg_copied{seq}",
-                    plantstore.event_json(seq, f"copied {seq}", None),
+                    plantstore_webhooks.event_json(seq, f"copied {seq}", None),
                 ),
             )
 
@@ -1262,9 +1265,7 @@ def test_postgres_identity_behind_copied_rows_is_moved_at_start_and_said_in_one_
     )
     # listed last
     assert over_http(host, port, TOKEN, "GET", "/plants")[1][-1] == {"name": "new"}
-    status, _, page = exchange(
-        host, port, "GET", f"/plants?limit=5&after={plantstore.page_cursor(20550)}"
-    )
+    status, _, page = exchange(host, port, "GET", "/plants?limit=5&after=20550")
     assert (status, page) == (200, [{"name": "new"}])  # after the largest copied seq
     # the event of the create too
     assert sorted(plant["id"] for plant in hook.wait_for(4)) == [1, 2, 7, 21550]
@@ -1615,7 +1616,7 @@ def test_restarts_rows_an_operator_holds_turn_no_create_away(spawn, receiver, pg
     so that a sender waiting on the requests' terms would have waited out a request's
     bound (5 s) and kept their breaker open after it, and 8 times BACKGROUND_WAIT, the
     sender's own."""
-    assert HOLD_SECONDS > plantstore.DB_WAIT_SECONDS + plantstore.RETRY_AFTER
+    assert HOLD_SECONDS > plantstore_sql.DB_WAIT_SECONDS + plantstore_sql.RETRY_AFTER
     hook = receiver()
     PostgresStore(pg_url).close()  # the tables
     with psycopg.connect(pg_url, autocommit=True) as db:
@@ -1656,7 +1657,7 @@ def test_restarts_rows_an_operator_holds_turn_no_create_away(spawn, receiver, pg
     assert not [
         answer
         for answer in answers
-        if answer[1] != 200 or answer[2] >= plantstore.DB_WAIT_SECONDS
+        if answer[1] != 200 or answer[2] >= plantstore_sql.DB_WAIT_SECONDS
     ]
     created = {plant_id for plant_id, _, _ in answers}
     wait_until(
@@ -1790,7 +1791,7 @@ def test_restarts_a_fork_never_waits_on_a_silent_postgres(
     workers = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
     with frozen_postgres(postgres):
         # the master's sender, and the workers', each in a wait on the database
-        time.sleep(plantstore.WebhookSender.POLL_SECONDS + 0.2)
+        time.sleep(plantstore_webhooks.WebhookSender.POLL_SECONDS + 0.2)
         killed = time.monotonic()
         os.kill(workers[0], signal.SIGKILL)
         err.until(r"Booting worker")
@@ -2323,7 +2324,7 @@ def test_the_senders_claim_reads_a_few_rows_of_a_large_backlog(pg_url):
     not all of them (at next_at 0 for every new event, a sort of all: 31 ms at
     100,000)."""
     PostgresStore(pg_url).close()  # its tables and indexes, as it makes them
-    event = plantstore_postgres._pyformat(plantstore.WebhookSender.EVENT)
+    event = plantstore_postgres._pyformat(plantstore_webhooks.WebhookSender.EVENT)
     with psycopg.connect(pg_url, autocommit=True) as db:
         with db.cursor() as cursor:  # written as the sender writes them
             cursor.executemany(
@@ -2341,7 +2342,9 @@ def test_the_senders_claim_reads_a_few_rows_of_a_large_backlog(pg_url):
             (((plan,),),) = [
                 db.execute(
                     "EXPLAIN (ANALYZE, FORMAT JSON) "
-                    + plantstore_postgres._pyformat(plantstore.WebhookSender.CLAIM),
+                    + plantstore_postgres._pyformat(
+                        plantstore_webhooks.WebhookSender.CLAIM
+                    ),
                     {**claim, "free": 4},
                 ).fetchall()
             ]

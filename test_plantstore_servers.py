@@ -12,9 +12,12 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -23,9 +26,14 @@ from types import SimpleNamespace
 import pytest
 
 import plantstore
-from plantstore import MAX_BODY_BYTES, SQLiteStore, make_app, make_server
+from plantstore import MAX_BODY_BYTES
+from plantstore_app import make_app
+from plantstore_server import make_server
+from plantstore_sqlite import SQLiteStore
 from testbed import (
     AUTH,
+    HERE,
+    SERVICE_LINKS,
     Lines,
     SECRET,
     STATUSES_RAISED,
@@ -45,6 +53,7 @@ from testbed import (
     start_gunicorn,
     start_nginx,
     stored,
+    stored_plants,
     wait_listening,
     wait_until,
 )
@@ -1131,3 +1140,177 @@ def test_granian_behind_nginx_is_not_held_up_by_stalled_bodies(nginx_before_gran
     assert over_http(
         "127.0.0.1", nginx_before_granian.port, TOKEN, "GET", "/plants"
     ) == (200, [{"name": "served"}] * 5)
+
+
+# ---- One file to deploy: dist/plantstore.pyz, and plantstore.py copied alone ----
+
+WHICH_PLANTSTORE = """
+import sys
+def post_worker_init(worker):
+    import plantstore
+    print("plantstore from", plantstore.__file__, file=sys.stderr, flush=True)
+"""
+
+
+@pytest.fixture
+def pyz_alone(tmp_path):
+    """deploy/build_pyz.py's dist/plantstore.pyz, copied into a folder of its own, which
+    has no plantstore.py: a path relative to it, and the folder."""
+    built = subprocess.run(
+        [sys.executable, "deploy/build_pyz.py", str(tmp_path / "dist/plantstore.pyz")],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    shutil.copy(built.stdout.strip(), folder)
+    return "plantstore.pyz", folder
+
+
+def test_pyz_alone_serves_the_whole_service_with_python(pyz_alone, spawn, receiver):
+    """`python plantstore.pyz`, with no site-packages (-S): an SQLite file, a webhook,
+    CORS and the document, all from the .pyz; PostgreSQL names psycopg, not in it."""
+    pyz, folder = pyz_alone
+    hook = receiver()
+    settings = {
+        "PLANTSTORE_TOKENS": TOKEN,
+        "PLANTSTORE_DB": "plants.sqlite3",
+        "PLANTSTORE_WEBHOOK_URL": hook.url,
+        "PLANTSTORE_WEBHOOK_SECRET": SECRET,
+        "PLANTSTORE_CORS_ORIGINS": "https://example.org",
+    }
+    which = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            f"import sys; sys.path[:0] = ['{pyz}']; "
+            "import plantstore, plantstore_app; print(plantstore.__file__, "
+            "plantstore_app.__file__)",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert which.stdout.split() == [f"{pyz}/plantstore.py", f"{pyz}/plantstore_app.py"]
+    process = spawn(
+        [sys.executable, "-S", pyz, "--port", "0"],
+        environ_without_tokens(**settings),
+        cwd=folder,
+    )
+    host, port = (
+        Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    )
+    origin = {"Origin": "https://example.org"}
+    status, headers, body = exchange(
+        host, port, "POST", "/plants", {"id": 1, "name": "Fern"}, headers=origin
+    )
+    assert (status, body) == (200, {"name": "Fern"})
+    assert headers["Access-Control-Allow-Origin"] == "https://example.org"
+    assert exchange(host, port, "GET", "/openapi.json")[0] == 200
+    assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
+    assert stored_plants(str(folder / "plants.sqlite3")) == {1: "Fern"}
+    refused = subprocess.run(
+        [sys.executable, "-S", pyz, "--port", "0"],
+        cwd=folder,
+        env=environ_without_tokens(
+            **{**settings, "PLANTSTORE_DB": "postgresql://u:hunter2@127.0.0.1/d"}
+        ),
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs psycopg: "
+        "pip install 'psycopg[binary]' (or '.[postgres]' in plantstore's folder)\n",
+    )
+
+
+def test_pyz_alone_serves_under_gunicorn(pyz_alone, spawn, receiver):
+    """gunicorn --pythonpath plantstore.pyz plantstore:app: the workers import
+    plantstore from the .pyz, and serve an SQLite file and a webhook."""
+    pyz, folder = pyz_alone
+    (folder / "which.py").write_text(WHICH_PLANTSTORE)
+    hook = receiver()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB="plants.sqlite3",
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    process = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "which.py",
+            "--pythonpath",
+            pyz,
+            "-w",
+            "2",
+            "--threads",
+            "4",
+            "-b",
+            "127.0.0.1:0",
+            "plantstore:app",
+        ],
+        env,
+        cwd=folder,
+    )
+    err = Lines(process.stderr)
+    host, port = err.until(r"Listening at: http://([\d.]+):(\d+)").groups()
+    assert err.until(r"plantstore from (\S+)")[1] == f"{folder}/{pyz}/plantstore.py"
+    for plant_id in range(1, 5):
+        assert (
+            post_over_http(host, port, TOKEN, {"id": plant_id, "name": "Fern"})[0]
+            == 200
+        )
+    assert sorted(plant["id"] for plant in hook.wait_for(4)) == [1, 2, 3, 4]
+    assert stored_plants(str(folder / "plants.sqlite3")) == dict.fromkeys(
+        range(1, 5), "Fern"
+    )
+
+
+def test_plantstore_py_copied_alone_serves_the_core_under_gunicorn(tmp_path, spawn):
+    """gunicorn plantstore:app in a folder that holds plantstore.py alone: the core,
+    from PLANTSTORE_TOKENS; a setting it cannot serve stops gunicorn (status 4, which
+    it takes for an app that cannot load), Kubernetes' service links do not."""
+    shutil.copy(HERE / "plantstore.py", tmp_path)
+    # gunicorn from site-packages, but not plantstore, installed there too: its .pth
+    # files are left unread (-S)
+    site = sysconfig.get_path("purelib")
+    command = [
+        sys.executable,
+        "-S",
+        "-c",
+        f"import sys; sys.path.append({site!r}); sys.argv[0] = 'gunicorn'; "
+        "from gunicorn.app.wsgiapp import run; run()",
+        *("--threads", "4", "-b", "127.0.0.1:0"),
+    ]
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, **SERVICE_LINKS)
+    process = spawn([*command, "plantstore:app"], env, cwd=tmp_path)
+    host, port = (
+        Lines(process.stderr).until(r"Listening at: http://([\d.]+):(\d+)").groups()
+    )
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"}) == (
+        200,
+        {"name": "Fern"},
+    )
+    refused = subprocess.run(
+        [*command, "plantstore:app"],
+        cwd=tmp_path,
+        env={**env, "PLANTSTORE_DB": "plants.sqlite3"},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert refused.returncode != 0 and (
+        "plantstore: PLANTSTORE_DB needs the full service: plantstore_app.py"
+        in refused.stderr
+    )
+    assert "plants.sqlite3" not in os.listdir(tmp_path)

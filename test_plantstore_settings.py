@@ -23,7 +23,11 @@ import pytest
 import webtest
 
 import plantstore
-from plantstore import SQLiteStore
+import plantstore_webhooks
+import plantstore_sqlite
+import plantstore_settings
+import plantstore_app
+from plantstore_sqlite import SQLiteStore
 from testbed import (
     HERE,
     Lines,
@@ -34,7 +38,6 @@ from testbed import (
     WAIT,
     assert_secret_kept,
     environ_without_tokens,
-    exchange,
     free_port,
     make_read_only,
     over_http,
@@ -255,25 +258,6 @@ def test_version_and_help_name_the_settings(spawn):
     )
 
 
-@pytest.mark.parametrize("how", ["python plantstore.py", "import plantstore"])
-def test_python_older_than_3_11_is_told_so_in_one_line(spawn, how):
-    run = (
-        "runpy.run_path('plantstore.py', run_name='__main__')"
-        if how.startswith("python")
-        else "import plantstore"
-    )
-    # as Python 3.10 would see it
-    code = f"import runpy, sys; sys.version_info = (3, 10, 13, 'final', 0); {run}"
-    process = spawn(
-        [sys.executable, "-c", code], environ_without_tokens(PLANTSTORE_TOKENS=TOKEN)
-    )
-    assert process.wait(WAIT) == 1
-    assert process.stderr.read().splitlines() == [
-        f"plantstore needs Python 3.11 or newer; this is Python "
-        f"{sys.version.split()[0]}"
-    ]
-
-
 def test_import_has_no_side_effects(spawn):
     code = "import plantstore; print('app' in vars(plantstore))"
     process = spawn([sys.executable, "-c", code], environ_without_tokens())
@@ -282,10 +266,11 @@ def test_import_has_no_side_effects(spawn):
 
 
 def test_app_is_built_from_the_environment(monkeypatch):
-    monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    monkeypatch.delitem(vars(plantstore_app), "app", raising=False)
     monkeypatch.setenv("PLANTSTORE_TOKENS", f"{TOKEN},{OTHER_TOKEN}")
     application = plantstore.app
-    assert vars(plantstore)["app"] is application  # built once, then a plain attribute
+    # built once, then a plain attribute of the full service's
+    assert vars(plantstore_app)["app"] is application is plantstore.app
     post(
         webtest.TestApp(application),
         {"id": 1, "name": "Fern"},
@@ -310,7 +295,7 @@ def test_app_without_tokens_refuses_naming_the_variable(
     """A server that reads `app` gets its line through the logger plantstore, then
     the process's end with status 4, which gunicorn takes for an app that cannot
     load: whatever the server, the same."""
-    monkeypatch.delitem(vars(plantstore), "app", raising=False)
+    monkeypatch.delitem(vars(plantstore_app), "app", raising=False)
     monkeypatch.delenv("PLANTSTORE_TOKENS_FILE", raising=False)
     if value is None:
         monkeypatch.delenv("PLANTSTORE_TOKENS", raising=False)
@@ -323,7 +308,7 @@ def test_app_without_tokens_refuses_naming_the_variable(
     [record] = caplog.records
     assert record.name == "plantstore" and record.levelname == "ERROR"
     assert record.getMessage().startswith(message)
-    assert "app" not in vars(plantstore)  # hasattr() would build it again
+    assert "app" not in vars(plantstore_app)  # hasattr() would build it again
 
 
 def test_unknown_module_attributes_still_raise_attribute_error():
@@ -348,8 +333,8 @@ def test_settings_an_sqlite_file_is_served_where_it_says(
 ):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
-    store = plantstore.store_from_environ({"PLANTSTORE_DB": value})
-    assert isinstance(store, plantstore.SQLiteStore)
+    store = plantstore_settings.store_from_environ({"PLANTSTORE_DB": value})
+    assert isinstance(store, plantstore_sqlite.SQLiteStore)
     assert store.name == f"SQLite file {tmp_path / path}"
     assert (tmp_path / path).stat().st_mode & 0o777 == 0o600
 
@@ -394,7 +379,7 @@ def test_settings_a_database_that_cannot_be_served_is_refused_in_one_line(
 ):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError) as refusal:
-        plantstore.store_from_environ({"PLANTSTORE_DB": value})
+        plantstore_settings.store_from_environ({"PLANTSTORE_DB": value})
     line = str(refusal.value)
     assert line.startswith("PLANTSTORE_DB") and words in line and "\n" not in line
     assert "plant:" not in line  # no user-info either
@@ -423,7 +408,7 @@ WEBHOOKS_REFUSED = [  # user-info, a bad port, a bad host, another scheme, a spa
 @pytest.mark.parametrize("url", WEBHOOKS_REFUSED)
 def test_settings_a_webhook_url_never_delivered_is_refused_without_its_secret(url):
     with pytest.raises(ValueError) as refusal:
-        plantstore.check_webhook_url(url)
+        plantstore_webhooks.check_webhook_url(url)
     line = str(refusal.value)
     assert "PLANTSTORE_WEBHOOK_URL" in line and "\n" not in line
     assert "example.org" not in line and "s3cr3t" not in line
@@ -439,7 +424,7 @@ def test_settings_a_webhook_url_never_delivered_is_refused_without_its_secret(ur
     ],
 )
 def test_settings_a_webhook_url_that_can_be_delivered_is_kept_as_written(url):
-    assert plantstore.check_webhook_url(url) == url
+    assert plantstore_webhooks.check_webhook_url(url) == url
 
 
 ORIGINS = [  # as written, as a browser sends it
@@ -455,7 +440,7 @@ ORIGINS = [  # as written, as a browser sends it
 
 @pytest.mark.parametrize("written, sent", ORIGINS, ids=[row[0] for row in ORIGINS])
 def test_settings_a_cors_origin_is_compared_as_a_browser_sends_it(written, sent):
-    application = plantstore.make_app(
+    application = plantstore_app.make_app(
         [TOKEN], cors_origins=["https://a.example", written]
     )
     app = webtest.TestApp(application)
@@ -492,7 +477,7 @@ def test_settings_a_cors_origin_no_browser_sends_is_refused(origin):
         match=r"^each origin in PLANTSTORE_CORS_ORIGINS must be one a "
         r"browser sends",
     ):
-        plantstore.make_app([TOKEN], cors_origins=["https://a.example", origin])
+        plantstore_app.make_app([TOKEN], cors_origins=["https://a.example", origin])
 
 
 UNKNOWN = [  # variable, the close name suggested (None: none)
@@ -522,7 +507,7 @@ def test_settings_an_unknown_plantstore_variable_is_named_never_its_secret(name,
     )
     assert_secret_kept(refusal)
     with pytest.raises(ValueError) as refused:
-        plantstore.app_from_environ(environ)
+        plantstore_app.app_from_environ(environ)
     assert str(refused.value) == refusal
 
 
@@ -771,13 +756,13 @@ def test_secrets_a_fifo_that_no_one_writes_is_refused_within_its_bound(
 ):
     """A FIFO named by mistake, that no one will write, holds the start up
     SETTING_FILE_SECONDS at most (5 s; shortened here), then is refused in a line."""
-    monkeypatch.setattr(plantstore, "SETTING_FILE_SECONDS", 0.3)
+    monkeypatch.setattr(plantstore_settings, "SETTING_FILE_SECONDS", 0.3)
     fifo = tmp_path / "tokens"
     os.mkfifo(fifo)
     environ = {"PLANTSTORE_TOKENS_FILE": str(fifo)}
     started = time.monotonic()
     with pytest.raises(ValueError) as refused:
-        plantstore.setting(environ, "PLANTSTORE_TOKENS")
+        plantstore_settings.setting(environ, "PLANTSTORE_TOKENS")
     assert time.monotonic() - started < WAIT
     assert str(refused.value) == (
         f"PLANTSTORE_TOKENS_FILE: {fifo} gave nothing to read within 0.3 s"
@@ -812,9 +797,9 @@ def test_secrets_a_pipe_and_a_mounted_secret_are_read(spawn, tmp_path, given):
 def test_secrets_a_tokens_file_with_a_byte_order_mark_is_read(tmp_path):
     """Notepad saves UTF-8 with a byte-order mark first: no part of the token."""
     path = secret_file(tmp_path / "tokens", "\ufeff" + TOKEN + "\r\n")
-    assert plantstore.tokens_from_environ({"PLANTSTORE_TOKENS_FILE": str(path)}) == [
-        TOKEN
-    ]
+    assert plantstore_settings.tokens_from_environ(
+        {"PLANTSTORE_TOKENS_FILE": str(path)}
+    ) == [TOKEN]
 
 
 @pytest.mark.parametrize(
@@ -940,12 +925,12 @@ PEP_3333_REQUIRED = {
 # Each prints the keys of every request's environ, one JSON line on stdout. An app of
 # its own, served by make_server:
 SPY_ON_MAKE_SERVER = """
-import json, plantstore
+import json, plantstore_server
 def spy(environ, start_response):
     print(json.dumps(sorted(environ)), flush=True)
     start_response("200 OK", [("Content-Type", "application/json")])
     return [b"{}"]
-server = plantstore.make_server("127.0.0.1", 0, spy)
+server = plantstore_server.make_server("127.0.0.1", 0, spy)
 print(server.server_address[1], flush=True)
 server.serve_forever()
 """
@@ -964,9 +949,11 @@ runpy.run_path("plantstore.py", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("served", ["make_server", "python plantstore.py"])
+@pytest.mark.parametrize(
+    "served", ["make_server", "python plantstore.py", "plantstore.py alone"]
+)
 def test_secrets_the_embedded_server_hands_a_request_none_of_the_process_environment(
-    spawn, served
+    spawn, served, tmp_path
 ):
     env = environ_without_tokens(
         PLANTSTORE_TOKENS=TOKEN, SECRET_X="hush-s3cr3t-pw", SERVER_X="on"
@@ -975,8 +962,17 @@ def test_secrets_the_embedded_server_hands_a_request_none_of_the_process_environ
         process = spawn([sys.executable, "-c", SPY_ON_MAKE_SERVER], env)
         out = Lines(process.stdout)
         port = int(out.until(r"^(\d+)$")[1])
-    else:
-        process = spawn([sys.executable, "-c", SPY_ON_PLANTSTORE_PY], env)
+    else:  # alone: the core's own server, with no module beside it nor site-packages
+        alone = served.endswith("alone") and shutil.copy(
+            HERE / "plantstore.py", tmp_path
+        )
+        command = [
+            sys.executable,
+            *(["-S"] if alone else []),
+            "-c",
+            SPY_ON_PLANTSTORE_PY,
+        ]
+        process = spawn(command, env, cwd=tmp_path if alone else HERE)
         out, err = Lines(process.stdout), Lines(process.stderr)
         port = int(err.until(r"listening on http://[\d.]+:(\d+)")[1])
     assert post_over_http("127.0.0.1", port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
@@ -1310,56 +1306,3 @@ def test_settings_sqlite_files_are_readable_by_their_owner_alone_whatever_the_um
     modes = {path.name: path.stat().st_mode & 0o777 for path in tmp_path.iterdir()}
     assert {"plants.sqlite3", "plants.sqlite3-wal", "plants.sqlite3-shm"} <= set(modes)
     assert set(modes.values()) == {0o600}
-
-
-def test_plantstore_py_alone_in_a_folder_serves_all_but_postgres(tmp_path, receiver):
-    """The file copied alone, run with no site-packages (python -S): SQLite, webhooks,
-    CORS and the document are served; PostgreSQL names the module it needs."""
-    shutil.copy(HERE / "plantstore.py", tmp_path)
-    hook = receiver()
-    settings = {
-        "PLANTSTORE_TOKENS": TOKEN,
-        "PLANTSTORE_WEBHOOK_URL": hook.url,
-        "PLANTSTORE_WEBHOOK_SECRET": SECRET,
-        "PLANTSTORE_CORS_ORIGINS": "https://example.org",
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANTSTORE_")}
-    process = subprocess.Popen(
-        [sys.executable, "-S", "plantstore.py", "--port", "0"],
-        cwd=tmp_path,
-        env={**env, "PYTHONUNBUFFERED": "1", "PLANTSTORE_DB": "p.db", **settings},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        host, port = (
-            Lines(process.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
-        )
-        origin = {"Origin": "https://example.org"}
-        status, headers, body = exchange(
-            host, port, "POST", "/plants", {"id": 1, "name": "Fern"}, headers=origin
-        )
-        assert (status, body) == (200, {"name": "Fern"})
-        assert headers["Access-Control-Allow-Origin"] == "https://example.org"
-        assert exchange(host, port, "GET", "/openapi.json")[0] == 200
-        assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
-    finally:
-        process.kill()
-        process.wait(WAIT)
-        process.stderr.close()
-    process = subprocess.run(
-        [sys.executable, "-S", "plantstore.py", "--port", "0"],
-        cwd=tmp_path,
-        env={**env, "PLANTSTORE_DB": "postgresql://u:hunter2@127.0.0.1/d", **settings},
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-    )
-    assert (process.returncode, process.stderr) == (
-        2,
-        "plantstore: PLANTSTORE_DB names a PostgreSQL database, which needs "
-        "plantstore_postgres: pip install '.[postgres]' in plantstore's folder "
-        "installs plantstore_postgres.py and psycopg\n",
-    )

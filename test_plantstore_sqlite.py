@@ -29,11 +29,14 @@ import pytest
 import webtest
 
 from plantstore_postgres import PostgresStore
-from plantstore import MAX_BODY_BYTES, SQLiteStore, make_app
+from plantstore import MAX_BODY_BYTES
+from plantstore_app import make_app
+from plantstore_sqlite import SQLiteStore
 from testbed import (
     AUTH,
     HERE,
     Creates,
+    listed,
     Lines,
     OUTAGE_BACK_BOUND,
     OUTAGE_CREATE_BOUND,
@@ -76,7 +79,7 @@ def test_sqlite_store_finds_every_plant_after_a_restart(tmp_path):
         first.add(i, f"p{i}", "t" if i % 2 else None)
     first.delete(3)
     again = SQLiteStore(tmp_path / "plants.sqlite3")
-    assert again.list() == [
+    assert listed(again) == [
         (f"p{i}", "t" if i % 2 else None) for i in range(20) if i != 3
     ]
     assert again.add(0, "dup", None) is False
@@ -84,7 +87,7 @@ def test_sqlite_store_finds_every_plant_after_a_restart(tmp_path):
 
 WRITER = """
 import sys, threading
-from plantstore import SQLiteStore
+from plantstore_sqlite import SQLiteStore
 store, results = SQLiteStore(sys.argv[1]), []
 def write(n):
     name = f"writer {sys.argv[2]}"
@@ -110,12 +113,12 @@ def test_sqlite_store_catches_duplicates_across_processes(tmp_path, spawn):
         created.append(int(writer.stdout.read()))
     # 4 processes x 4 threads tried every id: each was created once
     assert sum(created) == 40
-    assert len(SQLiteStore(path).list()) == 40
+    assert len(listed(SQLiteStore(path))) == 40
 
 
 OPENER = """
 import sys, time
-from plantstore import SQLiteStore
+from plantstore_sqlite import SQLiteStore
 start = float(sys.argv[1])
 for n, path in enumerate(sys.argv[2:]):
     # every opener on the same file at the same moment
@@ -153,7 +156,7 @@ def test_sqlite_store_refuses_a_file_that_is_not_its_database(tmp_path, content)
         ):
             SQLiteStore(path)
     else:
-        assert SQLiteStore(path).list() == []
+        assert listed(SQLiteStore(path)) == []
 
 
 def test_sqlite_store_refuses_a_foreign_plants_table(tmp_path):
@@ -285,7 +288,7 @@ def test_sqlite_recovers_from_a_read_only_spell_without_a_restart(tmp_path):
         one_thread.submit(post, app, {"id": 1, "name": "Fern"}, 200).result()
     finally:
         one_thread.shutdown()
-    assert SQLiteStore(path).list() == [("Fern", None)]
+    assert listed(SQLiteStore(path)) == [("Fern", None)]
 
 
 @pytest.mark.parametrize("change", ["deleted", "replaced"])
@@ -758,10 +761,10 @@ def test_group_commit_a_batch_keeps_arrival_order_and_the_first_of_an_id_wins(
         "held": 200,
         **{k: 200 if k in winners else 409 for k in range(len(ids))},
     }
-    assert store.list() == [("create held", None)] + [plants[k] for k in winners]
+    assert listed(store) == [("create held", None)] + [plants[k] for k in winners]
     events = [
         json.loads(bytes(body))
-        for (body,) in store.query("SELECT body FROM plant_events ORDER BY seq")
+        for (body,) in store.one_statement("SELECT body FROM plant_events ORDER BY seq")
     ]
     assert events == [{"id": 0, "name": "create held"}] + [bodies[k] for k in winners]
 
@@ -819,7 +822,7 @@ def test_group_commit_a_long_queue_is_written_in_bounded_batches_in_arrival_orde
         "held": 200,
         **{k: 200 if k in winners else 409 for k in range(len(bodies))},
     }
-    assert [name for name, _ in store.list()] == ["create held"] + [
+    assert [name for name, _ in listed(store)] == ["create held"] + [
         bodies[k]["name"] for k in winners
     ]
 

@@ -1,5 +1,5 @@
 """The tests every store passes, one suite parametrized over each (`any_store`, from
-conftest.py): the core's MemoryStore, make_app's PlantStore ("Accelerators"),
+conftest.py): the core's MemoryStore, make_app's ChunkedStore ("Accelerators"),
 SQLiteStore ("The SQL stores") and plantstore_postgres's PostgresStore, each added to,
 listed and deleted from, directly and through the app, in threads too, paged while
 plants come and go, and asked for its health. A test of the core's answers on
@@ -8,8 +8,18 @@ MemoryStore alone is test_plantstore.py's."""
 import pytest
 import webtest
 
-from plantstore import INT64_MAX, INT64_MIN, make_app
-from testbed import AUTH, BAD_AUTH, TOKEN, assert_error, follow_pages, in_threads, post
+from plantstore import INT64_MAX, INT64_MIN
+from plantstore_app import make_app
+from testbed import (
+    AUTH,
+    BAD_AUTH,
+    TOKEN,
+    assert_error,
+    follow_pages,
+    in_threads,
+    listed,
+    post,
+)
 
 
 @pytest.fixture
@@ -38,12 +48,12 @@ def test_store_adds_lists_and_deletes(any_store):
     assert any_store.add(-5, "Cactus", None) is True
     assert any_store.add(1, "Impostor", None) is False
     assert any_store.add(INT64_MAX, "\ud800 lone", "caf\u00e9 \U0001f33f") is True
-    assert any_store.list() == [
+    assert listed(any_store) == [
         ("Fern", "indoor"),
         ("Cactus", None),
         ("\ud800 lone", "caf\u00e9 \U0001f33f"),
     ]
-    assert any_store.list(0) == [] and any_store.list(2) == [
+    assert listed(any_store, 0) == [] and listed(any_store, 2) == [
         ("Fern", "indoor"),
         ("Cactus", None),
     ]
@@ -54,7 +64,7 @@ def test_store_adds_lists_and_deletes(any_store):
     )
     # a deleted id can be created again, and comes last
     assert any_store.add(1, "Fern again", None) is True
-    assert any_store.list() == [
+    assert listed(any_store) == [
         ("Cactus", None),
         ("\ud800 lone", "caf\u00e9 \U0001f33f"),
         ("Fern again", None),
@@ -69,12 +79,12 @@ def test_store_under_threads(any_store):
         ],
     )
     assert created == [[True] * 25] * 8
-    assert sorted(name for name, _ in any_store.list()) == sorted(
+    assert sorted(name for name, _ in listed(any_store)) == sorted(
         f"p{i}" for i in range(200)
     )
     racers = in_threads(16, lambda n: any_store.add(1000, f"racer-{n}", None))
     assert racers.count(True) == 1
-    assert any_store.list()[-1] == (f"racer-{racers.index(True)}", None)
+    assert listed(any_store)[-1] == (f"racer-{racers.index(True)}", None)
 
 
 def test_get_lists_plants_oldest_first_without_ids(any_app):
@@ -260,11 +270,38 @@ def test_next_links_skip_no_plant_while_others_come_and_go(any_store):
     assert not {f"p{page * 10 + 5}" for page in range(1, pages)} & set(names)
 
 
-@pytest.mark.parametrize(
-    "after", ["AAAAAAAAAAB", "__________8", "gAAAAAAAAAA", "Retry-After"]
-)
+@pytest.mark.parametrize("after", ["1", "-1", "9223372036854775807", "-7e0", "2.0"])
 def test_any_well_formed_cursor_is_a_place_in_the_order(any_app, after):
     post(any_app, {"id": 1, "name": "Fern"}, 200)
     assert any_app.get(
         f"/plants?limit=5&after={after}", headers=AUTH, status=200
     ).json in ([], [{"name": "Fern"}])
+
+
+def test_make_app_pages_a_store_that_has_list_and_no_page():
+    class ListOnly:  # add, list and delete only, as the README's DictStore
+        def __init__(self):
+            self.plants = {}
+
+        def add(self, plant_id, name, tag):
+            return self.plants.setdefault(plant_id, (name, tag)) == (name, tag)
+
+        def list(self, limit):
+            return list(self.plants.values())[:limit]
+
+        def delete(self, plant_id):
+            return self.plants.pop(plant_id, None) is not None
+
+    store = ListOnly()
+    for plant_id in range(25):
+        store.add(plant_id, f"p{plant_id}", None)
+    application = webtest.TestApp(make_app([TOKEN], store=store))
+    assert follow_pages(application, "/plants?limit=10") == (
+        [f"p{i}" for i in range(25)],
+        3,
+    )
+    assert len(application.get("/plants", headers=AUTH, status=200).json) == 25
+    # a cursor no page made: before the oldest
+    assert application.get(
+        "/plants?limit=2&after=-1", headers=AUTH, status=200
+    ).json == [{"name": "p0"}, {"name": "p1"}]

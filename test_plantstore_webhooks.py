@@ -31,9 +31,12 @@ import pytest
 import standardwebhooks
 import webtest
 
-import plantstore
+import plantstore_webhooks
+import plantstore_app
 from plantstore_postgres import PostgresStore
-from plantstore import PlantStore, SQLiteStore, make_app
+from plantstore_accelerators import ChunkedStore
+from plantstore_app import make_app
+from plantstore_sqlite import SQLiteStore
 from testbed import (
     AUTH,
     HERE,
@@ -143,7 +146,7 @@ def test_creates_made_while_the_receiver_is_down_arrive_when_it_is_back(
 ):
     # Retried once, then waiting on a long step: the probe must bring them as soon as
     # the receiver is back.
-    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 60))
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (0.2, 60))
     hook = receiver()
     port, application = hook.server.server_address[1], webhook_app(any_store, hook.url)
     hook.stop()
@@ -159,7 +162,7 @@ def test_a_webhook_receiver_back_but_refusing_its_oldest_event_gets_the_others(
 ):
     """A probe that gets an answer, even a 4xx, ends the probing: the other events are
     not held."""
-    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 60))
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (0.2, 60))
     hook = receiver()
     port, application = hook.server.server_address[1], webhook_app(store, hook.url)
     hook.stop()
@@ -218,7 +221,7 @@ class TricklingReceiver:
 def test_a_trickling_receiver_holds_up_no_other_and_each_attempt_ends_at_its_deadline(
     store, webhook_app, receiver, monkeypatch
 ):
-    monkeypatch.setattr(plantstore.WebhookSender, "TIMEOUT", 1.5)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "TIMEOUT", 1.5)
     slow, healthy = TricklingReceiver(every=0.3), receiver()
     try:
         application = webhook_app(store, slow.url, healthy.url)
@@ -235,7 +238,7 @@ def test_a_trickling_receiver_holds_up_no_other_and_each_attempt_ends_at_its_dea
             )
             time.sleep(0.1)
         # sent at once, then cut
-        first = slow.attempts[: plantstore.WebhookSender.PER_URL]
+        first = slow.attempts[: plantstore_webhooks.WebhookSender.PER_URL]
         while any(closed is None for _, closed in first):
             assert time.monotonic() < deadline, (
                 "an attempt to the trickling receiver stayed open"
@@ -277,9 +280,9 @@ def test_webhook_events_of_a_url_no_longer_configured_are_dropped_after_a_restar
 def test_webhook_events_waiting_in_memory_are_bounded_in_bytes(
     store, webhook_app, receiver, monkeypatch, caplog
 ):
-    monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING_BYTES", 2**20)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "MAX_WAITING_BYTES", 2**20)
     # none is given up while the receiver is down: a slow machine takes seconds here
-    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2,) * 100)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (0.2,) * 100)
     hook = receiver()
     port = hook.server.server_address[1]
     hook.stop()
@@ -351,7 +354,7 @@ def test_a_create_costs_what_it_costs_with_none_waiting_when_the_outbox_is_full(
     1.4.0 every create woke a count of the whole outbox, under the lock that a create
     takes: at 10,000 events each create waited for it.)"""
     down = f"http://127.0.0.1:{free_port()}/plant/webhook"
-    bound = plantstore.WebhookSender.MAX_WAITING
+    bound = plantstore_webhooks.WebhookSender.MAX_WAITING
     applications = []
     for name in "empty", "full":
         store = SQLiteStore(tmp_path / f"{name}.sqlite3")
@@ -384,7 +387,7 @@ def test_a_create_costs_what_it_costs_with_none_waiting_when_the_outbox_is_full(
 def test_the_outbox_in_memory_holds_max_waiting_events_and_says_once_it_drops_more(
     store, webhook_app, receiver, monkeypatch, caplog
 ):
-    monkeypatch.setattr(plantstore.WebhookSender, "MAX_WAITING", 50)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "MAX_WAITING", 50)
     hook = receiver()
     port = hook.server.server_address[1]
     hook.stop()
@@ -444,13 +447,13 @@ def test_close_delivers_the_events_waiting_in_memory_first(store, receiver, capl
     assert sorted(plant["id"] for plant in hook.delivered()) == list(range(6))
     hook.stop()  # now down: close() waits for no receiver that fails
     application = make_app(
-        [TOKEN], store=PlantStore(), webhook_urls=[hook.url], webhook_secret=SECRET
+        [TOKEN], store=ChunkedStore(), webhook_urls=[hook.url], webhook_secret=SECRET
     )
     post(webtest.TestApp(application), {"id": 1, "name": "Fern"}, 200)
     wait_until(lambda: "fails" in caplog.text, "the receiver was never tried")
     closing = time.monotonic()
     application.webhook_sender.close()
-    assert time.monotonic() - closing < plantstore.WebhookSender.CLOSE_SECONDS
+    assert time.monotonic() - closing < plantstore_webhooks.WebhookSender.CLOSE_SECONDS
 
 
 def test_a_410_ends_deliveries_to_that_url_only(store, webhook_app, receiver, caplog):
@@ -691,7 +694,7 @@ def test_edges_a_webhook_url_with_a_non_ascii_path_is_delivered_percent_encoded_
     url = hook.url("/réception")
     settings = {"PLANTSTORE_WEBHOOK_URL": url, "PLANTSTORE_WEBHOOK_SECRET": SECRET}
     # accepted, not refused
-    application = plantstore.app_from_environ(settings, [TOKEN])
+    application = plantstore_app.app_from_environ(settings, [TOKEN])
     assert len(application.webhook_sender.urls) == 1
     application.webhook_sender.close()
     post(webhook_app(store, url), {"id": 1, "name": "Fern"}, 200)
@@ -740,7 +743,7 @@ def test_edges_a_garbage_receiver_is_retried_on_schedule_given_up_and_holds_up_n
         10,
     )
     time.sleep(0.5)  # and no attempt after that
-    attempts = 1 + len(plantstore.WebhookSender.SCHEDULE)
+    attempts = 1 + len(plantstore_webhooks.WebhookSender.SCHEDULE)
     assert collections.Counter(payload["id"] for _, payload in garbage.requests) == {
         1: attempts,
         2: attempts,
@@ -816,7 +819,12 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
     )
     schedule = first_retry_after(
         tmp_path / "schedule",
-        1 + (plantstore.WebhookSender.CHILD_DELAY if kind == "gunicorn-preload" else 0),
+        1
+        + (
+            plantstore_webhooks.WebhookSender.CHILD_DELAY
+            if kind == "gunicorn-preload"
+            else 0
+        ),
     )
     server = start_a_server(kind, spawn, env, database, [schedule])
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -892,7 +900,7 @@ def test_edges_a_stop_with_deliveries_in_flight_is_clean_and_frees_their_events(
         )
         assert list(statuses) == [200] * plants
     # each worker sends as many at once as it may; the others wait
-    in_flight = plantstore.WebhookSender.PER_URL * workers
+    in_flight = plantstore_webhooks.WebhookSender.PER_URL * workers
     wait_until(
         lambda: len(silent.requests) >= in_flight,
         lambda: f"{len(silent.requests)} of {in_flight} attempts came",
@@ -933,7 +941,7 @@ FORK_HAND_OVER = """
 import io, json, os, sqlite3, sys, threading, time
 from wsgiref.util import setup_testing_defaults
 
-import plantstore
+import plantstore, plantstore_app, plantstore_sqlite, plantstore_webhooks
 
 db, url = sys.argv[1:]
 
@@ -971,10 +979,11 @@ forking = []
 os.register_at_fork(before=lambda: forking.append(threads()))
 # a failed attempt retried 2 s later rather than 5 s: due before the child's sender
 # starts (CHILD_DELAY after the fork), which sends it in its first round
-plantstore.WebhookSender.SCHEDULE = (2, *plantstore.WebhookSender.SCHEDULE[1:])
-app = plantstore.make_app(
+Sender = plantstore_webhooks.WebhookSender
+Sender.SCHEDULE = (2, *Sender.SCHEDULE[1:])
+app = plantstore_app.make_app(
     [os.environ["PLANTSTORE_TOKENS"]],
-    store=plantstore.SQLiteStore(db),
+    store=plantstore_sqlite.SQLiteStore(db),
     webhook_urls=[url],
     webhook_secret=os.environ["PLANTSTORE_WEBHOOK_SECRET"],
 )
@@ -1002,7 +1011,7 @@ if pid:
     say("parent", closed=senders())
     sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 # the child: its sender tries again soon, once the receiver is up
-plantstore.WebhookSender.PROBE_SECONDS = 0.2
+plantstore_webhooks.WebhookSender.PROBE_SECONDS = 0.2
 say("child", senders=senders())
 emptied = wait(lambda: not outbox("SELECT count(*) FROM plant_events"), 20)
 say("child", delivered=emptied)
@@ -1106,7 +1115,8 @@ EMBEDDING = """
 import io, json, multiprocessing, os, sys, threading, time
 from wsgiref.util import setup_testing_defaults
 
-import plantstore
+import plantstore, plantstore_app, plantstore_server, plantstore_sqlite
+import plantstore_webhooks
 
 
 def say(**what):  # one write: a parent and its children share the pipe
@@ -1120,8 +1130,8 @@ def build(db, url):
 
         store = PostgresStore(db)
     else:
-        store = None if db == "memory" else plantstore.SQLiteStore(db)
-    return plantstore.make_app(
+        store = None if db == "memory" else plantstore_sqlite.SQLiteStore(db)
+    return plantstore_app.make_app(
         [os.environ["PLANTSTORE_TOKENS"]],
         store=store,
         webhook_urls=[url],
@@ -1168,7 +1178,8 @@ def start_embedding(spawn, tmp_path, name, script, *args):
 # attempt comes within a test: set in gunicorn's master by a config file (the workers
 # inherit the module) and by an embedding program itself, before any app is built.
 SHORT_SCHEDULE = """
-plantstore.WebhookSender.SCHEDULE = (3, 4, *plantstore.WebhookSender.SCHEDULE[2:])
+Sender = plantstore_webhooks.WebhookSender
+Sender.SCHEDULE = (3, 4, *Sender.SCHEDULE[2:])
 """
 
 FORKS_12_CHILDREN = (
@@ -1227,7 +1238,7 @@ def test_restarts_no_number_of_process_starts_spends_the_retry_schedule(
     arrives at its next attempt, no sooner (a receiver that answered is not probed),
     or, after a silence, when a probe gets through."""
     config = tmp_path / "schedule.py"
-    config.write_text("import plantstore\n" + SHORT_SCHEDULE)
+    config.write_text("import plantstore_webhooks\n" + SHORT_SCHEDULE)
     failing = {"sqlite": receiver(), "forks": receiver()}  # each answering 500
     for hook in failing.values():
         hook.statuses = [500] * 1000
@@ -1444,7 +1455,7 @@ def test_restarts_a_stop_answers_every_connection_it_accepted(spawn, tmp_path):
 MAIN_RETURNS = """
 db, url, stop = sys.argv[1:]
 app = build(db, url)
-server = plantstore.make_server("127.0.0.1", 0, app)
+server = plantstore_server.make_server("127.0.0.1", 0, app)
 
 
 def serve():  # a thread of the program's own, no daemon: the program goes on in it
@@ -1523,7 +1534,7 @@ for pid in children:
 child.join()
 assert child.exitcode == 0
 say(children="ended")
-wait = lambda: plantstore.WebhookSender.LEASE_SECONDS / 2  # noqa: E731
+wait = lambda: plantstore_webhooks.WebhookSender.LEASE_SECONDS / 2  # noqa: E731
 deadline = time.monotonic() + wait()
 while app.webhook_sender._execute("SELECT count(*) FROM plant_events")[0][0]:
     assert time.monotonic() < deadline, "events are still waiting, or leased"
@@ -1728,7 +1739,7 @@ def test_restarts_a_locked_sqlite_holds_up_no_fork_and_no_stop(
     workers = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
     with sqlite_held(path, SQLITE_LOCKER):
         # the events due, and every sender, the master's too, in a wait to claim them
-        time.sleep(1 + plantstore.WebhookSender.POLL_SECONDS + 0.2)
+        time.sleep(1 + plantstore_webhooks.WebhookSender.POLL_SECONDS + 0.2)
         killed = time.monotonic()
         os.kill(workers[0], signal.SIGKILL)
         err.until(r"Booting worker")

@@ -52,16 +52,34 @@ import pytest
 import webtest
 
 import plantstore
-from plantstore import (
-    INT64_MAX,
-    JSON_TYPE,
-    MemoryStore,
-    PlantStore,
-    SQLiteStore,
-    make_app,
-)
+import plantstore_webhooks
+from plantstore import INT64_MAX, JSON_TYPE, MemoryStore
+from plantstore_accelerators import ChunkedStore
+from plantstore_app import make_app
+from plantstore_sqlite import SQLiteStore
 
 TOKEN = "test-token-1-a7Qm9xZ2"
+# What Kubernetes sets in every pod of a namespace with a Service named plantstore (its
+# port 80, named http) and one named plantstore-db (5432): no setting of plantstore's
+SERVICE_LINKS = {
+    **{
+        f"PLANTSTORE{service}_{name}": value.format(address=address, port=port)
+        for service, address, port in [
+            ("", "10.0.0.11", 80),
+            ("_DB", "10.0.0.12", 5432),
+        ]
+        for name, value in {
+            "SERVICE_HOST": "{address}",
+            "SERVICE_PORT": "{port}",
+            "PORT": "tcp://{address}:{port}",
+            f"PORT_{port}_TCP": "tcp://{address}:{port}",
+            f"PORT_{port}_TCP_PROTO": "tcp",
+            f"PORT_{port}_TCP_PORT": "{port}",
+            f"PORT_{port}_TCP_ADDR": "{address}",
+        }.items()
+    },
+    "PLANTSTORE_SERVICE_PORT_HTTP": "80",
+}
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HERE = Path(__file__).resolve().parent
 WAIT = 30  # seconds any test waits for a server or a subprocess before failing
@@ -87,10 +105,10 @@ def spawn():
     """Start subprocesses in this folder; always kill the ones still running."""
     processes = []
 
-    def start(args, env):
+    def start(args, env, cwd=HERE):
         process = subprocess.Popen(
             args,
-            cwd=HERE,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
@@ -937,7 +955,7 @@ OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
 
 @pytest.fixture
 def store():
-    return PlantStore()
+    return ChunkedStore()
 
 
 @pytest.fixture
@@ -950,23 +968,23 @@ def app(store):
 @pytest.fixture(params=["memory", "plantstore", "sqlite", "postgres"])
 def any_store(request, tmp_path):
     """Each store, held to the same behaviour: the core's MemoryStore, make_app's
-    PlantStore, SQLite and PostgreSQL."""
+    ChunkedStore, SQLite and PostgreSQL."""
     if request.param == "postgres":
         from plantstore_postgres import PostgresStore  # psycopg: only where it is used
 
         return PostgresStore(request.getfixturevalue("pg_url"))
     if request.param == "sqlite":
         return SQLiteStore(tmp_path / "plants.sqlite3")
-    return {"memory": MemoryStore, "plantstore": PlantStore}[request.param]()
+    return {"memory": MemoryStore, "plantstore": ChunkedStore}[request.param]()
 
 
 @pytest.fixture
 def webhook_app(monkeypatch):
     """make_app with webhooks, on a schedule short enough for a test; its sender is
     always closed."""
-    monkeypatch.setattr(plantstore.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
-    monkeypatch.setattr(plantstore.WebhookSender, "PROBE_SECONDS", 0.3)
-    monkeypatch.setattr(plantstore.WebhookSender, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "PROBE_SECONDS", 0.3)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "POLL_SECONDS", 0.05)
     apps = []
 
     def build(store, *urls, secret=SECRET):
@@ -980,9 +998,15 @@ def webhook_app(monkeypatch):
     yield build
     # a test that waits for what close() delivers calls it itself: here, at the end,
     # nothing is waited for
-    monkeypatch.setattr(plantstore.WebhookSender, "CLOSE_SECONDS", 0)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "CLOSE_SECONDS", 0)
     for application in apps:
         application.webhook_sender.close()
+
+
+def listed(store, limit=None):
+    """Up to `limit` (None: all) (name, tag) pairs a store holds, oldest first."""
+    plants = store.page(None, INT64_MAX if limit is None else limit)
+    return [(name, tag) for _, name, tag in plants]
 
 
 def stored(store):
@@ -1051,7 +1075,7 @@ class BrokenStore:
     def add(self, *_args):
         raise RuntimeError("the disk is on fire")
 
-    list = delete = add
+    page = delete = add
 
 
 def follow_pages(application, first, meanwhile=lambda _page_number: None):
@@ -1086,7 +1110,7 @@ def call_case(arguments, tmp_path):
     test_plantstore_document.py's STATUS_CASES), and its store made as the case says."""
     arguments = dict(arguments)
     given = arguments.pop("store", None)
-    store = BrokenStore() if given == "broken" else PlantStore()
+    store = BrokenStore() if given == "broken" else ChunkedStore()
     if given == "away":  # an SQLite file deleted under the running service
         store = SQLiteStore(tmp_path / "plants.sqlite3")
         os.remove(tmp_path / "plants.sqlite3")
@@ -1174,7 +1198,15 @@ def answered_ids(application, answered):
 
 
 # A store's add raising plantstore.HTTPError with each status: raised, answered
-STATUSES_RAISED = [(499, 499), (600, 500), ("503", 500), (100, 500), (102, 500)]
+# a status HTTPStatus lacks (499, nginx's own; 600; a 1xx, no final answer) is a 500
+STATUSES_RAISED = [
+    (418, 418),
+    (499, 500),
+    (600, 500),
+    ("503", 500),
+    (100, 500),
+    (102, 500),
+]
 
 
 # ---- The database away: the bounds a client counts, and an SQLite file held ----

@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_plantstore  # noqa: E402 (after sys.path: this repository's)
 import plantstore  # noqa: E402 (after sys.path: this repository's)
+import plantstore_accelerators  # noqa: E402 (as plantstore)
 
 # ---- 1. A full collection, with a store of n plants ----
 
@@ -105,7 +106,7 @@ class ArrayIndexStore(plantstore.PlantStore):
             self._names[-1].append(name)
             self._tags[-1].append(tag)
             self._next += 1
-            if self._next % plantstore.CHUNK == 0:
+            if self._next % plantstore_accelerators.CHUNK == 0:
                 self._names[-1], self._tags[-1] = (
                     tuple(self._names[-1]),
                     tuple(self._tags[-1]),
@@ -123,13 +124,13 @@ class ArrayIndexStore(plantstore.PlantStore):
                 return False
             seq, self._at[slot] = self._at[slot] - 1, DELETED
             self._live -= 1
-            number, index = divmod(seq, plantstore.CHUNK)
+            number, index = divmod(seq, plantstore_accelerators.CHUNK)
             if number == len(self._names) - 1:
                 self._names[number][index] = self._tags[number][index] = None
             else:
                 names, tags = list(self._names[number]), list(self._tags[number])
                 names[index] = tags[index] = None
-                emptied = names.count(None) == plantstore.CHUNK
+                emptied = names.count(None) == plantstore_accelerators.CHUNK
                 self._names[number] = None if emptied else tuple(names)
                 self._tags[number] = None if emptied else tuple(tags)
             while self._first < self._next and not self._holds(self._first):
