@@ -59,6 +59,7 @@ from testbed import (
 # probe inside the container. An imported image has no PATH of its own.
 BASE = "localhost/plantstore-base:bookworm"
 BASE_PACKAGES = "python3,python3-venv,curl"
+BASE_PYTHON = "3.11"  # Debian 12's: the wheels are for it, whatever runs the tests
 BASE_PATH = "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUILT = "plantstore.test-build"  # the label of the images these tests build
 RUN = f"plantstore-test-{secrets.token_hex(3)}"  # this run's podman objects
@@ -104,6 +105,7 @@ def build_image(folder):
     # the build reaches no index: what pip needs, fetched here
     wheels = folder / "wheels"
     pip = (sys.executable, "-m", "pip", "download", "-q", "-d", wheels)
+    pip += ("--python-version", BASE_PYTHON, "--only-binary=:all:")
     run(*pip, f"{HERE}{extras}", *pyproject["build-system"]["requires"], timeout=300)
     # this file's builds that no tag names any more, but for a run's under way
     podman(
