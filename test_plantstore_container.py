@@ -485,12 +485,8 @@ def test_sigterm_delivers_the_webhook_events_waiting_in_memory_within_the_grace(
     secrets_folder = secret_folder(
         started.folder / "secrets", 10001, tokens=TOKEN, webhook=SECRET
     )
-    port, command = (
-        free_port(),
-        json.loads(
-            podman("image", "inspect", "--format", "{{json .Config.Cmd}}", image)
-        ),
-    )
+    cmd = podman("image", "inspect", "--format", "{{json .Config.Cmd}}", image)
+    port, command = free_port(), json.loads(cmd)
     command[command.index("-b") + 1] = f"127.0.0.1:{port}"  # on the host's network
     name = started.run(
         *("sigterm", "--network", "host", "--read-only", "--read-only-tmpfs=false"),
@@ -504,8 +500,8 @@ def test_sigterm_delivers_the_webhook_events_waiting_in_memory_within_the_grace(
         document = {"id": plant_id, "name": f"plant {plant_id}"}
         assert post_over_http("127.0.0.1", port, TOKEN, document)[0] == 200
     assert hook.delivered() == []  # they wait: the receiver holds every attempt
-    grace = manifest("postgres.yaml")["Deployment"]["spec"]["template"]["spec"]
-    grace = grace["terminationGracePeriodSeconds"]
+    pod = manifest("postgres.yaml")["Deployment"]["spec"]["template"]["spec"]
+    grace = pod["terminationGracePeriodSeconds"]
     podman("kill", "--signal", "TERM", name)
     hook.hold.set()
     assert podman("wait", name, timeout=grace) == "0"
