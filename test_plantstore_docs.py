@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import webtest
+import yaml
 
 import plantstore
 import plantstore_webhooks
@@ -898,13 +899,21 @@ def test_deploy_md_embedding_logging_example_routes_and_silences_plantstore(tmp_
 
 
 def test_deploy_md_probes_ask_the_database_for_readiness_alone(tmp_path):
-    """The Kubernetes probes of docs/deploy.md: with the database away, the liveness
-    probe's path still answers 200 (no pod restarted) and the readiness probe's 503;
-    neither needs a token; the readiness timeout is above /health's bound."""
+    """The Kubernetes probes of docs/deploy.md, the manifests' (deploy/kubernetes/):
+    with the database away, the liveness probe's path still answers 200 (no pod
+    restarted) and the readiness probe's 503; neither needs a token; the readiness
+    timeout is above /health's bound."""
     probes = re.search(
         r"<!-- probes -->\n```yaml\n(.*?)```", doc_text("docs/deploy.md"), re.S
     )
     assert probes, "docs/deploy.md has no probes (<!-- probes -->): update this test"
+    (shown,) = yaml.safe_load(probes[1])["containers"]
+    for manifest in "sqlite.yaml", "postgres.yaml":
+        documents = yaml.safe_load_all(doc_text(f"deploy/kubernetes/{manifest}"))
+        (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        for probe in "livenessProbe", "readinessProbe":
+            assert shown[probe] == container[probe], f"{manifest}'s {probe}"
     path = dict(re.findall(r"(\w+)Probe:.*?path: (/\w+)", probes[1], re.S))
     timeout = re.search(r"readinessProbe:.*?timeoutSeconds: (\d+)", probes[1], re.S)
     assert int(timeout[1]) > HEALTH_WAIT_SECONDS

@@ -865,7 +865,8 @@ def listed_ids(host, port):
 
 class Creates:
     """Threads that create plants over HTTP until stopped; `answered` lists, in turn,
-    each id answered 200."""
+    each id answered 200, and `statuses` counts the answers, and the errors met instead
+    (a reset, a refused connection) by their names."""
 
     def __init__(self, host, port, threads=4):
         self.answered, self.statuses, self._stop = (
@@ -884,9 +885,12 @@ class Creates:
     def _create(self, host, port, ids):
         while not self._stop.is_set():
             plant_id = next(ids)
-            status = post_over_http(
-                host, port, TOKEN, {"id": plant_id, "name": f"steady {plant_id}"}
-            )[0]
+            try:
+                status = post_over_http(
+                    host, port, TOKEN, {"id": plant_id, "name": f"steady {plant_id}"}
+                )[0]
+            except (OSError, http.client.HTTPException) as error:
+                status = type(error).__name__
             self.statuses[status] += 1
             if status == 200:
                 self.answered.append(plant_id)
