@@ -1283,3 +1283,12 @@ def test_the_whole_listing_streams_a_page_at_a_time(store):
     ]
     # the lock is never held for more than one page
     assert asked == [plantstore.PAGE_MAX] * 3
+
+
+@pytest.mark.parametrize("path", ["/plants/{id}", "/plants/%7Bid%7D"])
+def test_a_route_template_sent_as_a_path_is_a_400_naming_id(app, path):
+    """Audit item 10: DELETE /plants/%7Bid%7D decodes to the route's own template,
+    /plants/{id}; 1.5.0 took it for that route's key, gave its handler no id, and
+    answered 500. It is the template's path, with "{id}" its id: a 400."""
+    response = app.delete(path, headers=AUTH, status=400, expect_errors=True)
+    assert_error(response, 400, "'id' must be an integer")

@@ -655,6 +655,34 @@ def test_readme_apt_get_line_installs_what_ci_installs():
     assert listed == installed, f"{where}: .ci/run installs {sorted(installed)}"
 
 
+
+def test_the_core_s_tests_run_with_pytest_and_webtest_alone(tmp_path):
+    """Audit item 12: the README's learner's command, `python -m pytest
+    test_plantstore.py`, in a fresh venv with the card's packages alone (1.5.0's
+    setup.cfg asked every run for pytest-xdist's -n 2)."""
+    where, said = doc_find("README.md", r"a venv of `pip install ([\w ]+)`, `([^`]+)`")
+    venv = tmp_path / "learner"
+    # no pip of its own (ensurepip is slow): this one's installs into it
+    made = [sys.executable, "-m", "venv", "--without-pip", str(venv)]
+    subprocess.run(made, check=True, timeout=WAIT)
+    python = ["--python", str(venv / "bin" / "python")]
+    subprocess.run(
+        [sys.executable, "-m", "pip", *python, "install", "-q", *said[1].split()],
+        check=True,
+        timeout=300,
+    )
+    command = said[2].split()
+    ran = subprocess.run(
+        [venv / "bin" / command[0], *command[1:], "-q", "-p", "no:cacheprovider"],
+        cwd=HERE,
+        env=environ_without_tokens(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, f"{where}: {ran.stdout[-2000:]}{ran.stderr[-2000:]}"
+    assert re.search(r"\d+ passed", ran.stdout) and "xdist" not in ran.stdout
+
 def ignored_by_git(name):
     """Whether .gitignore's patterns match the file `name` of the project's folder (no
     git needed: the suite also runs from `git archive`'s tree)."""

@@ -30,6 +30,7 @@ import plantstore_app
 from plantstore_sqlite import SQLiteStore
 from testbed import (
     HERE,
+    SERVICE_LINKS,
     Lines,
     OTHER_TOKEN,
     SECRET,
@@ -880,6 +881,33 @@ def test_secrets_a_refused_token_with_an_sqlite_path_leaves_no_file(
     assert "at least 16 characters" in err and short not in err
     # neither p.sqlite3 nor p.sqlite3-writers
     assert list((tmp_path / "data").iterdir()) == []
+
+
+@pytest.mark.parametrize("server", ["python plantstore.py", "gunicorn"])
+def test_kubernetes_service_links_never_stop_a_start_and_a_typo_still_does(
+    spawn, server
+):
+    """Audit item 1: a Service named plantstore (or plantstore-db) makes the kubelet set
+    PLANTSTORE_PORT, PLANTSTORE_DB_SERVICE_HOST, ... in every pod of its namespace;
+    1.5.0 refused them, and every pod crash-looped. They pass; PLANTSTORE_DB_URL, a
+    typo of a setting, is refused as before, under either server."""
+    command = {
+        "python plantstore.py": [sys.executable, "plantstore.py", "--port", "0"],
+        "gunicorn": [sys.executable, "-m", "gunicorn", "-w", "2", "--threads", "4"]
+        + ["--no-control-socket", "-b", "127.0.0.1:0", "plantstore:app"],
+    }[server]
+    env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, **SERVICE_LINKS)
+    err = Lines(spawn(command, env).stderr)
+    host, port = err.until(
+        r"(?:listening on|Listening at:) http://([\d.]+):(\d+)"
+    ).groups()
+    assert post_over_http(host, port, TOKEN, {"id": 1, "name": "Fern"})[0] == 200
+    typo = spawn(command, {**env, "PLANTSTORE_DB_URL": "plants.sqlite3"})
+    assert typo.wait(WAIT) == (2 if server == "python plantstore.py" else 4)
+    assert (
+        "plantstore: PLANTSTORE_DB_URL is not a plantstore setting: did you mean "
+        "PLANTSTORE_DB?"
+    ) in typo.stderr.read()
 
 
 # The keys a request's environ may hold: CGI's meta-variables (RFC 3875, 4.1), the
