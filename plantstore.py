@@ -89,9 +89,11 @@ def check_bearer(environ, tokens):
             "a bearer token is required: send 'Authorization: Bearer <token>'",
             headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')],
         )
-    # each one, in constant time, so that the time taken tells nothing; compare_digest
-    # takes ASCII alone, and no other token could match
-    if not (token.isascii() and any([compare_digest(token, good) for good in tokens])):
+    matched = False
+    if token.isascii():  # compare_digest takes ASCII only; no other token could match
+        for good in tokens:  # each one, in constant time: the time taken tells nothing
+            matched |= compare_digest(token, good)
+    if not matched:
         raise HTTPError(
             401,
             "the bearer token is not valid",
@@ -117,10 +119,9 @@ def read_body(environ, limit):
         if not (length.isdigit() and length.isascii()):  # int() takes "+7", "7_0"
             raise HTTPError(400, "Content-Length must be a non-negative integer")
         digits = length.lstrip("0") or "0"  # leading zeros are allowed (RFC 9110)
-        # before a byte is read; and int() never reads thousands of digits
-        if len(digits) > len(str(limit)) or int(digits) > limit:
+        length = int(digits[:19])  # past any limit, an int64: no int() of thousands
+        if length > limit:  # decided before a byte of the body is read
             raise HTTPError(413, f"request body is larger than {limit} bytes")
-        length = int(digits)
     # No length: a body only if the server marks its end (PEP 3333's extension
     # wsgi.input_terminated: a chunked body it decoded), read to it; else none.
     elif not environ.get("wsgi.input_terminated"):
@@ -389,7 +390,8 @@ class Application:
         self.plant_reader = read_new_plant  # or one as exact, and faster
 
         self.routes = {}  # path: {method: (handler, whether it needs the token)}
-        self.templates = {}  # a path ending in a parameter by its parent: /plants/{id}
+        # those of fixed paths; those that end in a parameter, /plants/{id}'s by "/plants"
+        self.paths, self.templates = {}, {}
         for name in dir(self):  # in the order of their names
             if hasattr(member := getattr(self, name), "route"):
                 self.declare(member)
@@ -402,7 +404,9 @@ class Application:
         if method == "GET":
             methods["HEAD"] = handler, token
         if path.endswith("}"):
-            self.templates[path.rpartition("/")[0]] = path
+            self.templates[path.rpartition("/")[0]] = methods
+        else:
+            self.paths[path] = methods
 
     def __call__(self, environ, start_response):
         """Answer a request; only a stream's exception escapes, once its 200 is sent."""
@@ -438,11 +442,10 @@ class Application:
     def respond(self, environ):
         """Route, authenticate and run one request; return (status, body, headers)."""
         path, id_text = environ.get("PATH_INFO", ""), None
-        # /plants/{id} as sent is no path of its own: the template's, "{id}" its id
-        methods = None if path.endswith("}") else self.routes.get(path)
-        if methods is None:  # /plants/7: the template /plants/{id}, its id "7"
+        methods = self.paths.get(path)
+        if methods is None:  # /plants/7, or /plants/{id} as sent: its id "7", "{id}"
             parent, _, id_text = path.rpartition("/")
-            methods = self.routes.get(self.templates.get(parent)) if id_text else None
+            methods = self.templates.get(parent) if id_text else None
         if methods is None:
             mounted = environ.get("SCRIPT_NAME", "")
             routes = ", ".join(mounted + route for route in self.routes)
