@@ -390,7 +390,7 @@ class Application:
         self.plant_reader = read_new_plant  # or one as exact, and faster
 
         self.routes = {}  # path: {method: (handler, whether it needs the token)}
-        # those of fixed paths; those that end in a parameter, /plants/{id}'s by "/plants"
+        # those of fixed paths; of those that end in a parameter, by the path above it
         self.paths, self.templates = {}, {}
         for name in dir(self):  # in the order of their names
             if hasattr(member := getattr(self, name), "route"):

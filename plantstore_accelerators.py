@@ -6,10 +6,7 @@ regular expression.
 import re
 import threading
 
-from plantstore import (
-    Store,
-    read_new_plant,
-)
+from plantstore import Store, read_new_plant
 
 CHUNK = 1024  # plants in one chunk of ChunkedStore
 

@@ -18,26 +18,12 @@ from plantstore import (
     checked_tokens,
     unknown_setting,
 )
-from plantstore_accelerators import (
-    ChunkedStore,
-    read_usual_new_plant,
-)
-from plantstore_cors import (
-    browser_origin,
-    with_cors,
-)
-from plantstore_log import (
-    log_line,
-    naming_requests,
-)
-from plantstore_metrics import (
-    add_liveness,
-    add_metrics,
-)
+from plantstore_accelerators import ChunkedStore, read_usual_new_plant
+from plantstore_cors import browser_origin, with_cors
+from plantstore_log import log_line, naming_requests
+from plantstore_metrics import add_liveness, add_metrics
 from plantstore_openapi import OPENAPI, add_document
-from plantstore_server import (
-    make_server,
-)
+from plantstore_server import make_server
 from plantstore_settings import (
     naming_setting,
     setting,
@@ -46,11 +32,7 @@ from plantstore_settings import (
 )
 from plantstore_sql import SQLStore
 from plantstore_sqlite import SQLiteStore
-from plantstore_webhooks import (
-    WebhookSender,
-    check_webhook_url,
-    webhook_secret_key,
-)
+from plantstore_webhooks import WebhookSender, check_webhook_url, webhook_secret_key
 
 # the full service's names, which `from plantstore import ...` finds here too
 __all__ = [

@@ -4,16 +4,8 @@
 
 import time
 
-from plantstore import (
-    JSON_HEADERS,
-    HTTPError,
-    __version__,
-    json_string,
-    operation,
-)
-from plantstore_cors import (
-    receiver_origin,
-)
+from plantstore import JSON_HEADERS, HTTPError, __version__, json_string, operation
+from plantstore_cors import receiver_origin
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus's text format
 METRICS = """\

@@ -5,12 +5,7 @@ handler's operationId.
 import json
 from urllib.parse import quote
 
-from plantstore import (
-    JSON_HEADERS,
-    PAGE_MAX,
-    json_string,
-    operation,
-)
+from plantstore import JSON_HEADERS, PAGE_MAX, json_string, operation
 
 # The document as it is served, but for `servers`, which says where the application is
 # mounted. Each operation is its handler's, by its operationId, the handler's name: a

@@ -8,12 +8,13 @@ statement, and a watchdog that cuts a statement at its request's deadline.
 """
 
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import os
 import re
-import select
 import socket
+import threading
 import time
 from urllib.parse import quote
 
@@ -22,8 +23,13 @@ from psycopg.conninfo import conninfo_to_dict
 
 from plantstore_background import Background
 from plantstore_log import log_line
-from plantstore_settings import DB_FORMS
-from plantstore_sql import CONNECT_SECONDS, DB_WAIT_SECONDS, SQLStore
+from plantstore_sql import (
+    CONNECT_SECONDS,
+    DB_FORMS,
+    DB_WAIT_SECONDS,
+    SQLStore,
+    readable,
+)
 
 __all__ = ["PostgresStore", "postgres_settings"]
 
@@ -69,9 +75,10 @@ class PostgresStore(SQLStore):
     )
     UPGRADE = ("BEGIN", "SELECT pg_advisory_xact_lock(7274)", *ADD_CREATED, "COMMIT")
     # libpq's settings unless the URL gives its own: a host that goes silent fails in
-    # seconds.
+    # seconds. connect_timeout is each host's: libpq's least, 2 s, so that a URL's
+    # second host is tried within CONNECT_SECONDS.
     BOUNDS = {
-        "connect_timeout": CONNECT_SECONDS,
+        "connect_timeout": 2,
         "keepalives": 1,
         "keepalives_idle": 2,
         "keepalives_interval": 1,
@@ -110,14 +117,19 @@ class PostgresStore(SQLStore):
 
     # A connection refused for good, which no wait would mend, as the server says it
     # (libpq gives no SQLSTATE for it): in English, PostgreSQL's lc_messages by default.
+    # A role without LOGIN, or without CONNECT on the database, is refused as one that
+    # does not exist: only an administrator mends either.
     REFUSED = re.compile(
-        r"FATAL: +((password authentication failed|role .* does not exist"
-        r"|database .* does not exist|no pg_hba\.conf entry).*)"
+        r"FATAL: +((password authentication failed"
+        r"|role .* (does not exist|is not permitted to log in)"
+        r"|database .* does not exist|permission denied for database"
+        r"|no pg_hba\.conf entry|pg_hba\.conf rejects).*)"
     )
 
     def refusal(self, error):
         """What stops the start, said without the value of any setting: a value libpq
-        refuses, or a connection refused for good (a password, a role, a database)."""
+        refuses, or a connection refused for good (a password, a role, a database,
+        pg_hba.conf)."""
         # libpq checks its options' values before it connects
         option = (
             re.search(r'option "(\w+)"', str(error))  # libpq's for a number
@@ -199,12 +211,37 @@ class PostgresStore(SQLStore):
             ) from None
 
     def connect(self, deadline):
-        # libpq's connect_timeout is whole seconds, 2 at least: kept within the bound
-        seconds = max(2, min(CONNECT_SECONDS, int(deadline - time.monotonic())))
-        return psycopg.connect(
-            **{**self.BOUNDS, "connect_timeout": seconds, **self.parameters},
-            autocommit=True,
-        )
+        """A new connection within CONNECT_SECONDS and the deadline, made by a thread of
+        its own: libpq bounds each host of a URL apart, and a host name's lookup not at
+        all. One given up on is closed once made; at most POOL_SIZE are made at once."""
+        until = min(deadline, time.monotonic() + CONNECT_SECONDS)
+        making, made = self._state().making, concurrent.futures.Future()
+
+        def make():
+            try:
+                made.set_result(
+                    psycopg.connect(
+                        **{**self.BOUNDS, **self.parameters}, autocommit=True
+                    )
+                )
+            except Exception as error:
+                made.set_exception(error)
+
+        try:
+            if making.acquire(timeout=until - time.monotonic()):
+                made.add_done_callback(lambda _: making.release())
+                threading.Thread(
+                    target=make, name="plantstore-connect", daemon=True
+                ).start()
+            return made.result(until - time.monotonic())
+        except TimeoutError:
+            made.add_done_callback(lambda _: made.exception() or made.result().close())
+            raise psycopg.OperationalError("no connection in time") from None
+
+    def _new_state(self):
+        state = super()._new_state()
+        state.making = threading.Semaphore(self.POOL_SIZE)  # connections being made
+        return state
 
     def execute(self, db, sql, parameters, deadline):
         state = self._state()
@@ -240,7 +277,7 @@ class PostgresStore(SQLStore):
 
     def usable(self, db):
         # An idle connection has nothing to read: if it has, the server said goodbye.
-        return not select.select([db.fileno()], [], [], 0)[0]
+        return not readable(db.fileno(), 0)
 
 
 def postgres_settings(conninfo):

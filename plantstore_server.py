@@ -5,15 +5,14 @@ a log without secrets, JSON for broken HTTP, and a clean stop.
 import os
 import signal
 import socket
+import socketserver
 import sys
 import threading
 import time
 from urllib.parse import urlsplit
 
 from plantstore import JSON_TYPE, RequestHandler, Server
-from plantstore_log import (
-    log_line,
-)
+from plantstore_log import log_line
 
 CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 
@@ -62,6 +61,13 @@ class _Server(Server):
     # listen backlog: a burst of connects waits here, not refused
     request_queue_size = 1024
     linger_seconds = 2
+
+    def server_bind(self):
+        """wsgiref's, but for the host's name, which it asks DNS for (getfqdn): a
+        resolver that never answers held the start up. SERVER_NAME is the address."""
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+        self.setup_environ()
 
     def process_request(self, request, client_address):
         with self.in_flight_changed:

@@ -5,20 +5,12 @@ before anything opens: tokens, and the store PLANTSTORE_DB names.
 import contextlib
 import os
 import re
-import select
 import time
 
-from plantstore import (
-    MAKE_A_TOKEN,
-)
-from plantstore_sqlite import (
-    SQLiteStore,
-)
+from plantstore import MAKE_A_TOKEN
+from plantstore_sql import DB_FORMS, readable
+from plantstore_sqlite import SQLiteStore
 
-DB_FORMS = (
-    "a postgresql:// URL, a libpq string (host=... dbname=...), "
-    "or an SQLite file's path (or sqlite:///path)"
-)
 SETTING_FILE_BYTES = 65536  # the largest file a _FILE setting reads: a secret, a URL
 SETTING_FILE_SECONDS = 5  # the longest a _FILE setting's file or pipe may take to read
 
@@ -61,7 +53,7 @@ def read_setting_file(path):
     try:
         data = b""
         while len(data) <= SETTING_FILE_BYTES:
-            if not select.select([fd], [], [], max(0, deadline - time.monotonic()))[0]:
+            if not readable(fd, max(0, deadline - time.monotonic())):
                 raise TimeoutError
             chunk = os.read(fd, SETTING_FILE_BYTES + 1 - len(data))
             if not chunk:  # its end

@@ -7,25 +7,23 @@ with no restart once it is back.
 import collections
 import concurrent.futures
 import contextlib
+import select
 import threading
 import time
 
-from plantstore import (
-    HTTPError,
-    Store,
-)
-from plantstore_background import (
-    this_process,
-)
-from plantstore_log import (
-    log_line,
-)
+from plantstore import HTTPError, Store
+from plantstore_background import this_process
+from plantstore_log import log_line
 
 RETRY_AFTER = 2  # seconds a 503 asks the client to wait before trying again
 DB_WAIT_SECONDS = 5  # the longest a request waits on its database; past it, a 503
 # the longest GET /health waits: within a load balancer's own timeout
 HEALTH_WAIT_SECONDS = 2
 CONNECT_SECONDS = 3  # the longest a SQL store waits to connect, within DB_WAIT_SECONDS
+DB_FORMS = (  # what PLANTSTORE_DB takes, as its refusals say
+    "a postgresql:// URL, a libpq string (host=... dbname=...), "
+    "or an SQLite file's path (or sqlite:///path)"
+)
 
 
 def unavailable(what):
@@ -33,6 +31,14 @@ def unavailable(what):
     return HTTPError(
         503, f"{what} is unavailable", headers=[("Retry-After", str(RETRY_AFTER))]
     )
+
+
+def readable(fd, seconds):
+    """Whether fd has something to read, or its end, within `seconds`: by poll(2), as
+    select(2) refuses a descriptor past 1023, which a process holding many reaches."""
+    waiting = select.poll()
+    waiting.register(fd, select.POLLIN)
+    return bool(waiting.poll(seconds * 1000))
 
 
 class SQLStore(Store):

@@ -6,18 +6,13 @@ processes.
 import contextlib
 import fcntl
 import os
-import select
 import sqlite3
 import threading
 import time
 from urllib.parse import quote
 
-from plantstore_log import (
-    log_line,
-)
-from plantstore_sql import (
-    SQLStore,
-)
+from plantstore_log import log_line
+from plantstore_sql import SQLStore, readable
 
 
 class SQLiteStore(SQLStore):
@@ -187,7 +182,7 @@ class _WriterLock:
                 if (left := deadline - time.monotonic()) <= 0:
                     raise late
                 # asleep until the holder rings, or WAKE_SECONDS (it may have died)
-                select.select([self._bell], [], [], min(left, self.WAKE_SECONDS))
+                readable(self._bell, min(left, self.WAKE_SECONDS))
                 with contextlib.suppress(BlockingIOError):  # the rings so far: one try
                     os.read(self._bell, 65536)
             try:

@@ -18,30 +18,12 @@ import traceback
 import types
 from urllib.parse import quote, urlsplit
 
-from plantstore import (
-    JSON_TYPE,
-    HTTPError,
-    plant_json,
-)
-from plantstore_background import (
-    BACKGROUND_WAIT,
-    Background,
-    this_process,
-)
-from plantstore_cors import (
-    receiver_origin,
-)
-from plantstore_log import (
-    log_line,
-)
-from plantstore_sql import (
-    HEALTH_WAIT_SECONDS,
-    RETRY_AFTER,
-    SQLStore,
-)
-from plantstore_sqlite import (
-    SQLiteStore,
-)
+from plantstore import JSON_TYPE, HTTPError, plant_json
+from plantstore_background import BACKGROUND_WAIT, Background, this_process
+from plantstore_cors import receiver_origin
+from plantstore_log import log_line
+from plantstore_sql import HEALTH_WAIT_SECONDS, RETRY_AFTER, SQLStore
+from plantstore_sqlite import SQLiteStore
 
 
 class WebhookSender:

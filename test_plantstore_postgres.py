@@ -8,6 +8,7 @@ included, are test_plantstore_stores.py's."""
 import concurrent.futures
 import collections
 import contextlib
+import fcntl
 import http.client
 import http.server
 import itertools
@@ -18,6 +19,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from termios import FIONREAD
 from types import SimpleNamespace
 from urllib.parse import urlencode
 
@@ -37,7 +40,7 @@ import plantstore_webhooks
 import plantstore_sql
 import plantstore_postgres
 from plantstore_postgres import PostgresStore
-from plantstore import INT64_MAX, INT64_MIN
+from plantstore import INT64_MAX, INT64_MIN, HTTPError
 from plantstore_app import make_app
 from plantstore_sqlite import SQLiteStore
 from testbed import (
@@ -281,6 +284,64 @@ def test_after_a_postgres_restart_no_request_pays_for_a_stale_connection_reconne
     assert "unavailable" not in err.rest()  # no request failed, so no outage was seen
 
 
+# ---- Descriptors past 1023, which select() refuses: both SQL stores ----
+
+# python plantstore.py with 1,100 descriptors open before it starts, its soft
+# RLIMIT_NOFILE raised (a container's is often 1M): every file and socket it opens then
+# is numbered past 1023
+MANY_DESCRIPTORS = """
+import os, resource, runpy, sys
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+sys.argv = ["plantstore.py", "--port", "0"]
+runpy.run_path("plantstore.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("database", ["PostgreSQL", "SQLite"])
+def test_descriptors_past_1023_serve_as_the_first_1023_do(
+    spawn, pg_url, tmp_path, database
+):
+    """The tokens' file is read, a pooled PostgreSQL connection is reused, and an SQLite
+    writer waits for its turn behind another process's writer, all on descriptors past
+    1023: 1.5.0 refused the start, and answered 500 to each reuse and each wait."""
+    (tmp_path / "tokens").write_text(TOKEN)
+    db = pg_url if database == "PostgreSQL" else str(tmp_path / "plants.db")
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS_FILE=str(tmp_path / "tokens"), PLANTSTORE_DB=db
+    )
+    process = spawn([sys.executable, "-c", MANY_DESCRIPTORS], env)
+    host, port = (
+        Lines(process.stderr).until(r"listening on http://(.+):(\d+)/").groups()
+    )
+    assert len(os.listdir(f"/proc/{process.pid}/fd")) > 1100
+    answers = [
+        post_over_http(host, port, TOKEN, {"id": n, "name": f"p{n}"})[0]
+        for n in range(3)
+    ]
+    if database == "SQLite":
+        writers = os.open(f"{db}-writers", os.O_RDWR)
+        bell = os.open(f"{db}-writers-bell", os.O_RDWR | os.O_NONBLOCK)
+        fcntl.flock(writers, fcntl.LOCK_EX)  # another process's writer has the turn
+        os.write(bell, b"\0")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            create = pool.submit(
+                post_over_http, host, port, TOKEN, {"id": 3, "name": "p3"}
+            )
+            # its writer waits on the bell once it has read the ring: then let it go
+            wait_until(
+                lambda: create.done() or not any(fcntl.ioctl(bell, FIONREAD, bytes(4))),
+                "the create neither waited for the writers' turn nor was answered",
+            )
+            fcntl.flock(writers, fcntl.LOCK_UN)
+            answers.append(create.result(WAIT)[0])
+        os.close(writers)
+        os.close(bell)
+    assert answers == [200] * len(answers)
+    assert len(over_http(host, port, TOKEN, "GET", "/plants")[1]) == len(answers)
+
+
 # ---- Group commit: the creates waiting at one moment share one commit (issue 31) ----
 
 
@@ -520,7 +581,10 @@ def two_instances(spawn, pg_url):
     """Two gunicorn instances x 2 workers x 4 threads, as on two machines, on the
     suite's PostgreSQL."""
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=pg_url)
-    return [start_gunicorn(spawn, env, workers=2, threads=4) for _ in range(2)]
+    instances = [start_gunicorn(spawn, env, workers=2, threads=4) for _ in range(2)]
+    for *_, err in instances:  # each worker has built its app: it serves from now on
+        wait_apps_built(err, 2)
+    return instances
 
 
 def test_two_gunicorn_instances_on_postgres_share_ids_and_order(two_instances):
@@ -582,7 +646,7 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
                 "/plants",
                 {"id": plant_id, "name": f"p{plant_id}"},
             )
-            answers.append((status, "Retry-After" in headers))
+            answers.append((k % 2, status, "Retry-After" in headers))
             if status == 200:
                 acknowledged.append(plant_id)
             else:
@@ -595,7 +659,16 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
     try:
         time.sleep(0.5)
         postgres.stop()
-        time.sleep(1)
+        # Down until each instance has answered a 503, not for a set time: clients held
+        # up by one instance (its workers still loading, under load) sent the other
+        # nothing while PostgreSQL was down, and it had no outage to log.
+        stopped = len(answers)
+        wait_until(
+            lambda: (
+                {n for n, status, _ in answers[stopped:] if status == 503} == {0, 1}
+            ),
+            "an instance answered no 503 while PostgreSQL was down",
+        )
         postgres.start()
         for address in addresses:  # each instance serves again, with nothing restarted
             deadline = time.monotonic() + WAIT
@@ -607,8 +680,8 @@ def test_two_gunicorn_instances_ride_out_a_postgres_restart(two_instances, postg
         stop.set()
         for thread in clients:
             thread.join(WAIT)
-    assert {status for status, _ in answers} == {200, 503}
-    assert all(has_retry_after for status, has_retry_after in answers if status == 503)
+    assert {status for _, status, _ in answers} == {200, 503}
+    assert all(retry_after for _, status, retry_after in answers if status == 503)
     listed = {p["name"] for p in over_http(*addresses[0], TOKEN, "GET", "/plants")[1]}
     # nothing answered 200 is lost
     assert {f"p{plant_id}" for plant_id in acknowledged} <= listed
@@ -1447,27 +1520,47 @@ def grant_the_tables(limited_role):
         )
 
 
-@pytest.mark.parametrize("wrong", ["password", "database", "role"])
+@pytest.mark.parametrize(
+    "wrong", ["password", "database", "role", "login", "connect", "pg_hba.conf"]
+)
 @pytest.mark.parametrize("server", ["python plantstore.py", "gunicorn"])
 def test_settings_a_database_that_refuses_for_good_stops_the_start(
-    limited_role, spawn, wrong, server
+    limited_role, postgres, spawn, wrong, server
 ):
-    """A wrong password, a database or a role that does not exist: no retry mends it,
-    so the start stops in one line, with no password, rather than serve 503s; under
-    gunicorn, the master stops. A database merely away still starts (the tests of
+    """A wrong password, a database or a role that does not exist, a role without LOGIN
+    or without CONNECT on the database, a pg_hba.conf line that rejects it: no retry
+    mends it, so the start stops in one line, with no password, rather than serve 503s;
+    under gunicorn, the master stops. A database merely away still starts (the tests of
     outages)."""
+    role, url = limited_role["role"], limited_role["url"]
     url = {
-        "password": limited_role["url"].replace(limited_role["password"], "wrong-pw"),
-        "database": limited_role["url"] + "-none",
-        "role": limited_role["url"].replace(f"//{limited_role['role']}:", "//nobody:"),
-    }[wrong]
+        "password": url.replace(limited_role["password"], "wrong-pw"),
+        "database": url + "-none",
+        "role": url.replace(f"//{role}:", "//nobody:"),
+    }.get(wrong, url)
+    hba = postgres.folder / "data" / "pg_hba.conf"
+    kept = hba.read_text()
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=url)
     command = [sys.executable, "plantstore.py", "--port", "0"]
     if server == "gunicorn":
         command = [sys.executable, "-m", "gunicorn", "-b", "127.0.0.1:0"]
         command += ["plantstore:app"]
-    process = spawn(command, env)
-    assert process.wait(WAIT) == (2 if server == "python plantstore.py" else 4)
+    try:
+        if wrong == "pg_hba.conf":  # first: the first line that matches is the one
+            hba.write_text(f"host {role} {role} 127.0.0.1/32 reject\n{kept}")
+        with psycopg.connect(limited_role["owner"], autocommit=True) as db:
+            db.execute(
+                {
+                    "login": f"ALTER ROLE {role} NOLOGIN",
+                    "connect": f"REVOKE CONNECT ON DATABASE {role} FROM PUBLIC",
+                }.get(wrong, "SELECT pg_reload_conf()")
+            )
+        process = spawn(command, env)
+        assert process.wait(WAIT) == (2 if server == "python plantstore.py" else 4)
+    finally:
+        hba.write_text(kept)
+        with postgres.local("postgres") as db:
+            db.execute("SELECT pg_reload_conf()")
     said = [
         line
         for line in process.stderr.read().splitlines()
@@ -1475,9 +1568,13 @@ def test_settings_a_database_that_refuses_for_good_stops_the_start(
     ]
     assert len(said) == 1 and "PostgreSQL refuses the connection" in said[0], said
     assert said[0].startswith("plantstore: PLANTSTORE_DB: PostgreSQL postgresql://")
-    assert {"password": "password authentication failed", "role": "nobody"}.get(
-        wrong, "does not exist"
-    ) in said[0]
+    assert {
+        "password": "password authentication failed",
+        "role": "nobody",
+        "login": "is not permitted to log in",
+        "connect": "permission denied for database",
+        "pg_hba.conf": "pg_hba.conf rejects connection",
+    }.get(wrong, "does not exist") in said[0]
     assert limited_role["password"] not in said[0] and "wrong-pw" not in said[0]
 
 
@@ -2179,6 +2276,126 @@ def test_partition_of_the_database_host_is_503_within_bounds_then_recovers(
     assert unhealthy and unhealthy.answered - cut <= 5, (
         "/health did not say 503 within 5 s of the cut"
     )
+
+
+# python plantstore.py with psycopg imported first: once it has said the run's token
+# (its port bound), nothing but its store takes time until it listens
+STORE_TIMED = (
+    "import psycopg, runpy; runpy.run_path('plantstore.py', run_name='__main__')"
+)
+
+
+def asked(resolver):
+    """The names a resolver that never answers was asked: each query's question."""
+    names = set()
+    with contextlib.suppress(BlockingIOError):
+        while query := resolver.recv(512, socket.MSG_DONTWAIT):
+            labels, at = [], 12  # the name, label by label, past the header
+            while query[at]:
+                labels.append(query[at + 1 : at + 1 + query[at]].decode())
+                at += 1 + query[at]
+            names.add(".".join(labels))
+    return names
+
+
+@pytest.mark.parametrize("servers", ["two silent hosts", "a name no one resolves"])
+def test_hosts_the_bounds_hold_with_every_host_silent_or_a_lookup_never_answered(
+    hosts, spawn, servers
+):
+    """docs/failover.md's two-host URL with both hosts silent (libpq's connect_timeout
+    is each host's), or a host name whose lookup no resolver answers (it comes before
+    any bound of libpq's): the start waits CONNECT_SECONDS for the database at most,
+    /health answers 503 within its 2 s, and a create within 5 s, its connect given up
+    within 3 s; the embedded server looks no name up. 1.5.0 took 6 s and 4 s with the
+    hosts, 10 s each with the lookup, and its server's start asked DNS for its own
+    address's name. Timed by a client of an idle server, given 0.5 s for the way."""
+    app = hosts.host("app")
+    link, silent = hosts.link(None, app), hosts.silent(app)
+    front = link[app][0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as resolver:
+        resolver.bind((link[None][0], 53))  # this end of the link, which never answers
+        hosts.resolver(app, link[None][0])
+        where = {
+            "two silent hosts": f"{silent}:5432,{silent}:5433",
+            "a name no one resolves": "db.test",
+        }[servers]
+        url = (
+            f"postgresql://plantstore:pw@{where}/plants?target_session_attrs=read-write"
+        )
+        process = spawn(
+            [*hosts.inside(app), sys.executable, "-c", STORE_TIMED]
+            + ["--host", front, "--port", "0"],
+            environ_without_tokens(PLANTSTORE_DB=url),
+        )
+        err = Lines(process.stderr)
+        token = err.until(r"accepts one new token: (\S+)")[1]
+        started = time.monotonic()
+        port = err.until(r"listening on http://.+:(\d+)/")[1]
+        start = time.monotonic() - started
+
+        def timed(*request):
+            sent = time.monotonic()
+            status = exchange(front, port, *request, token=token)[0]
+            return round(time.monotonic() - sent, 2), status
+
+        health = timed("GET", "/health")  # a read: the writes' breaker stays shut
+        create = timed("POST", "/plants", {"id": 1, "name": "Fern"})
+        names = asked(resolver)
+    said = f"start {start:.2f} s, /health {health}, create {create}, asked {names}"
+    print(f"{servers}: {said}")
+    assert start <= plantstore_sql.CONNECT_SECONDS + 0.5, said
+    assert health[1] == 503 and health[0] <= plantstore_sql.HEALTH_WAIT_SECONDS + 0.5, (
+        said
+    )
+    assert create[1] == 503 and create[0] <= plantstore_sql.CONNECT_SECONDS + 0.5, said
+    # the database's name alone, as libpq was given it (the resolver may add domains)
+    assert all(name.startswith("db.test") for name in names), said
+    assert bool(names) == (servers == "a name no one resolves"), said
+
+
+def test_connects_given_up_never_outnumber_the_pool_and_close_what_they_make(
+    postgres, pg_url, monkeypatch
+):
+    """A host name whose lookup hangs: each connect is given up at its bound, the
+    threads still making one are never more than POOL_SIZE however many requests come,
+    and once the lookup answers, each closes what it made."""
+    answer, lookups, real = threading.Event(), [], socket.getaddrinfo
+
+    def lookup(host, *args, **kwargs):
+        if host == "db.test":
+            lookups.append(host)
+            answer.wait(WAIT)
+        return real("127.0.0.1" if host == "db.test" else host, *args, **kwargs)
+
+    def health(_):
+        try:
+            store.ping()
+        except HTTPError as error:
+            return error.status
+        return 200
+
+    def connecting():
+        return [t for t in threading.enumerate() if t.name == "plantstore-connect"]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    url = f"{pg_url.replace('@127.0.0.1:', '@db.test:')}?application_name=given-up"
+    started = time.monotonic()
+    try:
+        store = PostgresStore(url)  # the database is away at start: it starts
+        assert time.monotonic() - started <= plantstore_sql.CONNECT_SECONDS + 1
+        # twice as many as the pool: each waits for a connection, or makes one
+        assert in_threads(2 * store.POOL_SIZE, health) == [503] * 2 * store.POOL_SIZE
+        assert len(connecting()) == store.POOL_SIZE and lookups
+    finally:
+        answer.set()
+    wait_until(lambda: not connecting(), "a thread still makes a connection")
+    with postgres.local() as db:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'given-up'"
+        )
+        wait_until(lambda: db.execute(query).fetchone() == (0,), "a connection is open")
+    wait_until(lambda: health(0) == 200, "the store did not serve once looked up")
+    store.close()
 
 
 def count_statuses(answers):

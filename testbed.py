@@ -1924,6 +1924,28 @@ class Hosts:
             ip(*self._n(host), "link", "set", device, "up")
         return ends
 
+    def silent(self, host):
+        """An address that `host` sends packets to and never hears from, as a host that
+        died: no answer, no refusal. A /30 of the block on one end of a veth pair whose
+        other end is never up, the far address's MAC address set, so that not even ARP
+        fails."""
+        n, self.links = self.links, self.links + 1
+        near = f"10.213.{self.block}.{4 * n + 1}"
+        far = f"10.213.{self.block}.{4 * n + 2}"
+        device = f"ps{os.getpid()}l{n}s"
+        ip("-n", host, "link", "add", device, "type", "veth", "peer", f"{device}x")
+        ip("-n", host, "address", "add", f"{near}/30", "dev", device)
+        ip("-n", host, "link", "set", device, "up")
+        ip("-n", host, "neigh", "add", far, "dev", device, "lladdr", "2:0:0:0:0:2")
+        return far
+
+    def resolver(self, host, nameserver):
+        """Give `host` a resolv.conf of its own that names `nameserver` alone: ip netns
+        exec mounts /etc/netns/NAME/resolv.conf on /etc/resolv.conf."""
+        folder = Path("/etc/netns") / host
+        folder.mkdir(parents=True)
+        (folder / "resolv.conf").write_text(f"nameserver {nameserver}\n")
+
     def set_link(self, host, device, state):
         """Set a host's end of a link "down" (the host goes silent: no reset, no error,
         nothing) or "up"."""
@@ -1945,6 +1967,7 @@ class Hosts:
         for namespace in self.namespaces:
             with contextlib.suppress(subprocess.CalledProcessError):
                 ip("netns", "delete", namespace)
+            shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
         self._lock.close()
 
     def _netns(self, host):
@@ -1974,6 +1997,7 @@ class Hosts:
                 if not os.path.exists(f"/proc/{match[1]}"):
                     self._kill_all(namespace)
                     ip("netns", "delete", namespace, check=False)
+                    shutil.rmtree(Path("/etc/netns") / namespace, ignore_errors=True)
 
 
 def ip(*args, check=True):
