@@ -16,7 +16,8 @@ server processes would each hold plants of their own, so run one, with threads.
 The full service (SQLite, PostgreSQL, webhooks, metrics, CORS, the OpenAPI document, a
 hardened server) is in the modules beside this file, or all in plantstore.pyz."""
 
-# The file, top to bottom; each section uses those above it alone.
+# The file, top to bottom; each section uses those above it alone, and in each the
+# entry point comes first, the helpers it calls after it.
 #
 #   Errors             HTTPError, raised anywhere, answered by Application
 #   Reading a request  the token, the body, strict JSON, a NewPlant, a page's query
@@ -82,25 +83,17 @@ class HTTPError(Exception):
 def check_bearer(environ, tokens):
     """Raise 401 unless Authorization is "Bearer <token>" with a known token."""
     scheme, _, token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
-    token = token.strip()
+    token, challenge = token.strip(), 'Bearer realm="plantstore"'
     if not token or scheme.lower() != "bearer":
-        raise HTTPError(
-            401,
-            "a bearer token is required: send 'Authorization: Bearer <token>'",
-            headers=[("WWW-Authenticate", 'Bearer realm="plantstore"')],
-        )
+        required = "a bearer token is required: send 'Authorization: Bearer <token>'"
+        raise HTTPError(401, required, headers=[("WWW-Authenticate", challenge)])
     matched = False
     if token.isascii():  # compare_digest takes ASCII only; no other token could match
         for good in tokens:  # each one, in constant time: the time taken tells nothing
             matched |= compare_digest(token, good)
     if not matched:
-        raise HTTPError(
-            401,
-            "the bearer token is not valid",
-            headers=[
-                ("WWW-Authenticate", 'Bearer realm="plantstore", error="invalid_token"')
-            ],
-        )
+        invalid = [("WWW-Authenticate", f'{challenge}, error="invalid_token"')]
+        raise HTTPError(401, "the bearer token is not valid", headers=invalid)
 
 
 def read_body(environ, limit):
@@ -210,14 +203,12 @@ def parse_new_plant(document):
 
 def as_integer(value, name, low=INT64_MIN, high=INT64_MAX):
     """Return value as an int from low to high, as JSON Schema has it: 7.0, not true."""
-    if type(value) is not int:
-        if not (type(value) is Decimal and value == value.to_integral_value()):
-            raise HTTPError(400, f"'{name}' must be an integer")
-        if low <= value <= high:  # compared first: 1e400 never becomes a huge int
-            value = int(value)
-    if not low <= value <= high:
+    decimal = type(value) is Decimal and value == value.to_integral_value()
+    if type(value) is not int and not decimal:
+        raise HTTPError(400, f"'{name}' must be an integer")
+    if not low <= value <= high:  # compared as it is: 1e400 never becomes a huge int
         raise HTTPError(400, f"'{name}' must be an integer from {low} to {high}")
-    return value
+    return int(value)
 
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
@@ -272,7 +263,7 @@ class Store:
 class MemoryStore(Store):
     """The core's store: the plants in a dict, in the order they came, under a lock. A
     page walks past the plants before it: under a millisecond at 10,000 plants, tens of
-    milliseconds at a million; make_app's store pages at the cost of what they hold."""
+    milliseconds at a million; past that, a store whose pages cost what they hold."""
 
     def __init__(self):
         self._plants = {}  # id: (seq, name, tag), oldest first
@@ -315,7 +306,7 @@ def error_json(status, message):
     return f'{{"error": {status}, "message": {json_string(message)}}}'.encode()
 
 
-def stream_plants(read_page, plants):
+def stream_plants(next_page, plants):
     """Yield one JSON array of `plants`, a first page, and every plant after them: each
     next page is read only once the one before is sent, so a store that fails after the
     200 makes the server cut the answer short: no client takes it for a whole list."""
@@ -324,11 +315,11 @@ def stream_plants(read_page, plants):
     while plants:
         yield comma + b", ".join([plant_json(name, tag) for _, name, tag in plants])
         comma = b", "
-        plants = read_page(plants[-1][0], PAGE_MAX) if len(plants) == PAGE_MAX else None
+        plants = next_page(plants[-1][0], PAGE_MAX) if len(plants) == PAGE_MAX else None
     yield b"]"
 
 
-# ---- The application: routes by operationId, and the handlers ----
+# ---- The application: routes declared on their handlers, and the handlers ----
 
 
 def make_request_id(environ):
@@ -353,8 +344,8 @@ def operation(method, path, *, token=True):
 
 def checked_tokens(tokens):
     """The tokens as a list, once each is one a client can send and no one can guess."""
-    if not (tokens := list(tokens)):
-        raise ValueError("tokens must not be empty: plantstore needs one")
+    if isinstance(tokens, str) or not (tokens := list(tokens)):  # "abc": a, b, c
+        raise ValueError("tokens must be a list of one or more strings")
     if not all(  # printable ASCII, no space: ! to ~
         isinstance(token, str)
         and re.fullmatch("[!-~]+", token)
@@ -477,11 +468,11 @@ class Application:
     @operation("GET", "/plants")
     def listPlants(self, environ, _id_text):
         limit, after = read_page_query(environ)
-        read_page, headers = self.store.page, JSON_HEADERS
+        next_page, headers = self.store.page, JSON_HEADERS
         if limit is None:  # all, a page at a time: memory does not grow with the store
-            return 200, stream_plants(read_page, read_page(after, PAGE_MAX)), headers
+            return 200, stream_plants(next_page, next_page(after, PAGE_MAX)), headers
         size = min(limit, PAGE_MAX)
-        plants = read_page(after, size + 1)  # one extra: is there more?
+        plants = next_page(after, size + 1)  # one extra: is there more?
         if len(plants) > size:
             del plants[size:]
             if plants:  # a page of none would link to itself
@@ -510,11 +501,16 @@ class Application:
 # The settings, from the environment. This file serves PLANTSTORE_TOKENS; the full
 # service (the modules beside it, or plantstore.pyz) serves them all, and reads a
 # setting that has a NAME_FILE form from the file it names.
-SETTINGS = [
-    f"PLANTSTORE_{name}"
-    for name in "TOKENS DB WEBHOOK_URL WEBHOOK_SECRET CORS_ORIGINS TOKENS_FILE DB_FILE"
-    " WEBHOOK_SECRET_FILE".split()
-]
+SETTINGS = (
+    "PLANTSTORE_TOKENS",
+    "PLANTSTORE_DB",
+    "PLANTSTORE_WEBHOOK_URL",
+    "PLANTSTORE_WEBHOOK_SECRET",
+    "PLANTSTORE_CORS_ORIGINS",
+    "PLANTSTORE_TOKENS_FILE",
+    "PLANTSTORE_DB_FILE",
+    "PLANTSTORE_WEBHOOK_SECRET_FILE",
+)
 # What Kubernetes sets in every pod for a Service named plantstore or plantstore-...:
 # PLANTSTORE_SERVICE_HOST, PLANTSTORE_PORT, PLANTSTORE_DB_PORT_5432_TCP_ADDR, ...
 SERVICE_LINK = re.compile(r"PLANTSTORE\w*_(SERVICE_\w+|PORT(_\d+_[A-Z]+\w*)?)")
@@ -571,8 +567,9 @@ def __getattr__(name):
     names (make_app, ...). A refused setting ends the process with status 4, which a
     server that forks takes for an app that cannot load."""
     global app
-    # not __path__ and the like, which `import` and tools ask of any module
-    if service := not name.startswith("__") and full_service():
+    # its own names alone: not __path__ and the like, which tools ask of any module
+    service = not name.startswith("__") and full_service()
+    if service and name in [*service.__all__, "app"]:
         return getattr(service, name)
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
