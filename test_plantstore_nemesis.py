@@ -273,7 +273,9 @@ def test_nemesis_found_the_sender_claims_without_sorting_the_backlog(
 
 def load(name):
     """A module of benchmarks/ by its path: they are scripts, not a package."""
-    spec = importlib.util.spec_from_file_location(name, HERE / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        name, HERE / "benchmarks" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -321,7 +323,11 @@ def test_lazyfs_a_cut_keeps_what_was_synced_and_drops_the_rest(lazy):
     os.rename(mount / "renamed", mount / "new name")
     os.unlink(mount / "unlinked")
     sleeper = subprocess.Popen(  # a process that holds a file open: killed
-        [sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); time.sleep(99)"]
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; f = open(sys.argv[1]); time.sleep(99)",
+        ]
         + [str(mount / "kept")]
     )
     try:

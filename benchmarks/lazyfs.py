@@ -78,7 +78,7 @@ class Model:
         self.durable.mkdir(parents=True)
         self.root = self.id_of(str(self.live))
         self.note_kind(self.root, str(self.live))
-        for folder, dirs, files in os.walk(self.live):
+        for folder, _dirs, files in os.walk(self.live):
             self.sync_entries(folder)
             for name in files:
                 fid = self.id_of(os.path.join(folder, name))
@@ -271,7 +271,7 @@ class Model:
             self.written(self.handles[fh], offset, offset + written)
             return written
 
-    def truncate(self, path, length, fh=None):
+    def truncate(self, path, length, _fh=None):
         with self.mutex:
             live_path = self.path(path)
             before = os.lstat(live_path).st_size
