@@ -70,6 +70,8 @@ are all 0 and every operation got its answer; else 1.
 import argparse
 import base64
 import contextlib
+import datetime
+import hmac
 import http.client
 import http.server
 import json
@@ -624,21 +626,23 @@ class Receiver:
         """Log a delivery; answer it, unless its sender cut it before its body ended
         (then it is a failed attempt: no answer goes anywhere)."""
         headers = {key.lower(): value for key, value in handler.headers.items()}
-        try:
-            verified = complete and bool(self.verifier.verify(body, headers))
+        try:  # as a receiver checks it: its signature, and a timestamp within 5 min
+            fresh = complete and self.verifier.verify(body, headers) is not None
         except standardwebhooks.webhooks.WebhookVerificationError:
-            verified = False
+            fresh = False
+        signed = fresh or (complete and self.signed(body, headers))
         mode, delay = self.mode, self.delay
-        if mode == "slow" and complete:
-            time.sleep(delay)
-        status = {"503": 503, "500": 500}.get(mode, 200) if verified else 400
+        if complete:  # receiver-slow's delay, or every answer's (--receiver-delay)
+            time.sleep(delay if mode == "slow" else self.log.delay)
+        status = {"503": 503, "500": 500}.get(mode, 200) if fresh else 400
         entry = {
             "t": round(time.monotonic() - self.log.started, 3),
             "receiver": self.name,
             "headers": headers,
             "body": body.decode("utf-8", "replace"),
             "complete": complete,
-            "verified": verified,
+            "signed": signed,
+            "fresh": fresh,
             "status": status if complete else None,
         }
         with self.lock:
@@ -650,6 +654,25 @@ class Receiver:
         handler.send_response(status)
         handler.send_header("Content-Length", "0")
         handler.end_headers()
+
+    def signed(self, body, headers):
+        """Whether the signature is the secret's, whatever the timestamp (a sender
+        whose clock is off signs truly, and is refused for the time alone)."""
+        try:
+            when = int(headers["webhook-timestamp"])
+            expected = self.verifier.sign(
+                headers["webhook-id"],
+                datetime.datetime.fromtimestamp(when, datetime.timezone.utc),
+                body.decode(),
+            )
+        except (
+            KeyError,
+            ValueError,
+            OverflowError,
+        ):  # UnicodeDecodeError: a ValueError
+            return False
+        given = headers.get("webhook-signature", "").split()
+        return any(hmac.compare_digest(expected, each) for each in given)
 
     def set(self, mode, delay=0.0):
         """Answer as `mode` says from now on; "down" closes the port, and any other
@@ -671,9 +694,9 @@ class Receiver:
 class DeliveryLog:
     """deliveries.jsonl, which every receiver writes, a line at a time."""
 
-    def __init__(self, path, started):
+    def __init__(self, path, started, delay):
         self.file = open(path, "a", 1, "utf-8")  # noqa: SIM115 (a line at a time)
-        self.lock, self.started = threading.Lock(), started
+        self.lock, self.started, self.delay = threading.Lock(), started, delay
 
     def close(self):
         with self.lock:
@@ -936,7 +959,9 @@ class Run:
             receiver_address = self.hosts.front[None][0]
         else:
             self.app_address = receiver_address = "127.0.0.1"
-        deliveries = DeliveryLog(self.out / "deliveries.jsonl", self.started)
+        deliveries = DeliveryLog(
+            self.out / "deliveries.jsonl", self.started, options.receiver_delay
+        )
         self.cleanups.append(deliveries.close)
         self.receivers = {
             name: Receiver(name, receiver_address, secret, deliveries)
@@ -1174,7 +1199,7 @@ class Run:
         fill(self.mount, seconds)
 
     def fault_log_full(self, seconds, _detail):
-        fill(self.logs, seconds)
+        fill(self.logs, seconds, padded=[server.log for server in self.servers])
 
     def receiver_fault(self, mode, seconds, delay=0.0, name="a"):
         self.receivers[name].set(mode, delay)
@@ -1330,8 +1355,10 @@ class Run:
                 shutil.copyfile(server.log, self.out / server.log.name)
 
 
-def fill(folder, seconds):
-    """Fill folder's filesystem to its last byte for `seconds`, then free it."""
+def fill(folder, seconds, padded=()):
+    """Fill folder's filesystem to its last byte for `seconds`, then free it. The
+    files `padded` are written to the end of their last block (with newlines): a
+    write to them then needs a block too."""
     filler = folder / "filler"
     try:
         with open(filler, "wb", buffering=0) as file:
@@ -1342,6 +1369,9 @@ def fill(folder, seconds):
             with contextlib.suppress(OSError):  # the last bytes, to ENOSPC
                 for _ in range(1 << 20):
                     file.write(b"\0" * 512)
+        for path in padded:
+            with contextlib.suppress(OSError), open(path, "ab", buffering=0) as file:
+                file.write(b"\n" * (-file.tell() % free.f_bsize))
         time.sleep(seconds)
     finally:
         filler.unlink(missing_ok=True)
@@ -1481,6 +1511,13 @@ def parse(argv):
         default=0,
         help="operations a second, all clients together, at most (0: each client "
         "sends its next as soon as it has its answer)",
+    )
+    parser.add_argument(
+        "--receiver-delay",
+        type=float,
+        default=0,
+        help="seconds each receiver takes to answer, always (0): a backlog of a few "
+        "events at each moment, as a receiver across a network gives",
     )
     parser.add_argument(
         "--max-fault-seconds",

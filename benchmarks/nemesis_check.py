@@ -23,10 +23,12 @@ what they sent and were answered, and what the receivers were sent. What it coun
 - unexpected: an answer the contract never gives (a 500);
 - unresolved: an operation that never got a final answer;
 - for each receiver: missing, a stored plant whose exact body it never kept (a receiver
-  keeps the first verified body of each webhook-id, as docs/webhooks.md advises);
-  forged, a delivery whose signature fails; wrong body, a verified delivery that is not
+  keeps the first body it took of each webhook-id, as docs/webhooks.md advises);
+  forged, a delivery whose signature fails; wrong body, a signed delivery that is not
   exactly a stored plant's body, id included; split, a webhook-id that carried two
-  bodies. A delivery cut before its body ended is a failed attempt, not a forgery.
+  bodies. A delivery cut before its body ended is a failed attempt, not a forgery, and
+  so is one signed but refused for its timestamp (stale: the sender's clock is off by
+  more than the receivers' 5 minutes), counted beside the verdicts.
 
 Flagged, not failing: a 409 that follows an SQLite 503 (which promises no commit).
 """
@@ -39,9 +41,11 @@ from pathlib import Path
 
 EXPECTED = {"create": {200, 409, 503}, "delete": {204, 404, 503}, "list": {200, 503}}
 FINAL = {"create": {200, 409}, "delete": {204, 404}, "list": {200}}
-# the faults after which a process's memory is gone: the in-memory store's plants, and
-# its outbox's events, with it
+# the faults after which a process's memory is gone: the in-memory store's plants with
+# it; and those that end it with no chance to deliver what its outbox holds (a clean
+# stop, SIGTERM or a reload, gives the sender up to 5 s)
 ENDS_PROCESSES = {"kill-worker", "restart-server", "reload-server", "power-loss"}
+KILLS_PROCESSES = {"kill-worker", "power-loss"}
 VERDICTS = (
     "lost",
     "phantom",
@@ -179,12 +183,13 @@ def read_answers(operations, sqlite):
     return told
 
 
-def gone_with_processes(run, told, faults):
-    """The in-memory store's plants that a process's end took: those acknowledged before
-    the end of the last fault that ended its processes (none for a SQL store)."""
+def gone_with_processes(run, told, faults, kinds=ENDS_PROCESSES):
+    """The in-memory store's plants (or events) that a process's end took: those
+    acknowledged before the end of the last fault of those kinds (none for a SQL
+    store)."""
     if run["store"] != "memory":
         return set()
-    ends = [fault["end"] for fault in faults if fault["kind"] in ENDS_PROCESSES]
+    ends = [fault["end"] for fault in faults if fault["kind"] in kinds]
     if not ends:
         return set()
     return {n for n, t in told.acknowledged.items() if t <= max(ends)}
@@ -264,24 +269,25 @@ def pages_against(told, operations, excused):
 def receivers_against(run, told, deliveries, faults):
     """Each receiver's missing, forged, wrong bodies and split webhook-ids."""
     verdicts = {name: {} for name in RECEIVER_VERDICTS}
-    best_effort = {}
+    best_effort, stale = {}, {}
     for receiver in run["receivers"]:
         got = [d for d in deliveries if d["receiver"] == receiver and d["complete"]]
-        forged = [d for d in got if not d["verified"]]
+        forged = [d for d in got if not d["signed"]]
+        stale[receiver] = sum(d["signed"] and not d["fresh"] for d in got)
         kept, bodies, wrong = {}, collections.defaultdict(set), []
         for delivery in got:
-            if not delivery["verified"]:
+            if not delivery["signed"]:
                 continue
             webhook_id = delivery["headers"].get("webhook-id")
             bodies[webhook_id].add(delivery["body"])
             if not exact(told, delivery["body"]):
                 wrong.append(delivery)
-            if 200 <= delivery["status"] < 300:
+            if delivery["fresh"] and 200 <= delivery["status"] < 300:
                 kept.setdefault(webhook_id, delivery["body"])  # the first one taken
         delivered = {exact(told, body) for body in kept.values()} - {None}
         missing = sorted(told.stored - delivered)
         if run["store"] == "memory":  # best effort: lost with a process, or dropped
-            excused = gone_with_processes(run, told, faults)
+            excused = gone_with_processes(run, told, faults, KILLS_PROCESSES)
             downs = {f["kind"] for f in faults if f.get("receiver") == receiver}
             if downs:
                 best_effort[receiver] = len(missing)
@@ -296,7 +302,7 @@ def receivers_against(run, told, deliveries, faults):
     for name in RECEIVER_VERDICTS:  # empty, unless some receiver's is not
         if not any(verdicts[name].values()):
             verdicts[name] = {}
-    return {**verdicts, "missing_best_effort": best_effort}
+    return {**verdicts, "missing_best_effort": best_effort, "stale": stale}
 
 
 def exact(told, body):
