@@ -52,7 +52,7 @@ SHORT_FAULTS = (
     "receiver-b-down",
 )
 SHORT = (
-    *("--seed", "12657", "--seconds", "45", "--max-fault-seconds", "6"),
+    *("--seed", "12657", "--seconds", "52", "--max-fault-seconds", "6"),
     *(
         "--rate",
         "150",

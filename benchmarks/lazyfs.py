@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 
 WAIT = 30  # seconds to mount, to unmount, for a killed user to be gone
+# seconds the kernel keeps what it was told of a name or a file (PostgreSQL asks a
+# file's size at each read of it); a cut waits them out, so that no one sees the past
+CACHED = 1
 COPY = 1 << 20  # bytes copied at a time to the durable side
 
 
@@ -183,10 +186,9 @@ class Model:
     # -- the operations, on live at once --
 
     def init_with_config(self, _conn, config):
-        if config:  # nothing cached by the kernel: after a cut, it sees the cut
-            config.entry_timeout = 0
-            config.attr_timeout = 0
-            config.negative_timeout = 0
+        if config:
+            config.entry_timeout = config.attr_timeout = CACHED
+            config.negative_timeout = CACHED
         print("mounted", flush=True)
 
     def getattr(self, path, fh=None):
@@ -458,6 +460,7 @@ class LazyFS:
             self.daemon.stdin.flush()
             said = self.daemon.stdout.readline()
             if said == "cut done\n":
+                time.sleep(CACHED + 0.1)  # what the kernel knew of the past is gone
                 return killed
             if not said.startswith("cut refused") or time.monotonic() > deadline:
                 raise RuntimeError(f"lazyfs: {said.strip()} {self.log()}")

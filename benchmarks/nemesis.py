@@ -169,14 +169,15 @@ FAULTS = {
     ),
     "power-loss": Fault(
         target="server",
-        stores={"sqlite"},
+        stores=STORES,
         seconds=(0, 3),
         root=True,
         default=True,
-        does="the app host loses power: every process using the SQLite file's "
-        "filesystem (benchmarks/lazyfs.py) SIGKILLed, the server with them, what "
-        "was not fsynced dropped (file data, and folder entries whose folder was not "
-        "synced); then the server starts again",
+        does="the host of the store's files loses power: every process using their "
+        "filesystem (benchmarks/lazyfs.py) SIGKILLed, what was not fsynced dropped "
+        "(file data, and folder entries whose folder was not synced); then it starts "
+        "again. SQLite's: the app host, the server with it; PostgreSQL's: the "
+        "database's host, its data directory",
     ),
     "log-full": Fault(
         target="log",
@@ -545,12 +546,15 @@ def nemesis_hosts():
     return NemesisHosts()
 
 
-def postgres_on(hosts):
+def postgres_on(hosts, lazy=False):
     """testbed's PostgreSQL (durable: fsync on), on the database's host when there is
-    one, listening on its address there and taking passwords from the test network."""
+    one, listening on its address there and taking passwords from the test network;
+    with `lazy`, its data directory on lazyfs, for power-loss."""
     from testbed import Postgres  # noqa: PLC0415 (the runner's)
 
     class PostgresOn(Postgres):
+        lazy = None
+
         def __init__(self, hosts):
             if hosts:
                 self.inside = hosts.inside(hosts.db)
@@ -562,10 +566,41 @@ def postgres_on(hosts):
                 with self.local() as db:
                     db.execute("SELECT pg_reload_conf()")
                 self.url = self.url.replace("127.0.0.1", self.listen)
+            if lazy:
+                self.on_lazyfs()
+
+        def on_lazyfs(self):
+            """Its data directory moved under lazyfs, seen there through a link."""
+            self.stop()
+            live = self.folder / "live"
+            live.mkdir()
+            (self.folder / "data").rename(live / "data")
+            self.lazy = lazyfs.LazyFS(self.folder / "lazyfs", live=live)
+            self.lazy.__enter__()
+            (self.folder / "data").symlink_to(self.lazy.mount / "data")
+            self.start()
+
+        def power_loss(self, seconds):
+            """Every process of it killed, what it had not fsynced dropped, and its
+            socket's lock file gone, as a reboot leaves them; then started again."""
+            self.lazy.cut()
+            for lock in self.folder.glob(".s.PGSQL.*"):
+                lock.unlink()
+            time.sleep(seconds)
+            self.start()
 
         def stop_now(self, mode):
             folder = self.folder / "data"
             self._pg("pg_ctl", "-D", folder, "-w", "-t", WAIT, "-m", mode, "stop")
+
+        def remove(self):
+            if not self.lazy:
+                return super().remove()
+            with contextlib.suppress(Exception):
+                self.stop_now("immediate")
+            self.lazy.__exit__()  # before the folder it is mounted in goes
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return None
 
     return PostgresOn(hosts)
 
@@ -1006,7 +1041,7 @@ class Run:
             self.store_shown = "the in-memory store"
             return {}
         if options.store == "postgres":
-            self.postgres = postgres_on(self.hosts)
+            self.postgres = postgres_on(self.hosts, lazy="power-loss" in kinds)
             self.cleanups.append(self.postgres.remove)
             files["db"] = self.scratch / "db"
             files["db"].write_text(self.postgres.url + "\n")
@@ -1133,7 +1168,11 @@ class Run:
         self.server.reload()
 
     def fault_power_loss(self, seconds, _detail):
-        def cut(process):  # the master first: it would start workers anew
+        if self.postgres:  # the database's host
+            self.postgres.power_loss(seconds)
+            return
+
+        def cut(process):  # the app host: the master first, or it starts new workers
             kill_tree(process.pid)
             process.wait()
             self.lazy.cut()
