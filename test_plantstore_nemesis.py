@@ -53,30 +53,12 @@ SHORT_FAULTS = (
 )
 SHORT = (
     *("--seed", "12657", "--seconds", "52", "--max-fault-seconds", "6"),
-    *(
-        "--rate",
-        "150",
-    ),
+    "--rate",
+    "150",
     *("--settle", "120", "--tmpfs-mb", "64", "--faults", ",".join(SHORT_FAULTS)),
 )
 # the longest a run may take before the test gives up on it: a hang, not a speed
 RUN_BOUND = 400
-VERDICTS = (
-    "lost",
-    "phantom",
-    "resurrected",
-    "contents",
-    "rows",
-    "pages",
-    "wrong_409",
-    "wrong_404",
-    "unexpected",
-    "unresolved",
-    "missing",
-    "forged",
-    "wrong_body",
-    "split",
-)
 
 
 def load(name):
@@ -90,6 +72,7 @@ def load(name):
 
 lazyfs = load("lazyfs")
 nemesis_check = load("nemesis_check")
+VERDICTS = nemesis_check.VERDICTS
 
 
 def run_nemesis(spawn, tmp_path, *args):
@@ -276,40 +259,22 @@ SEVERAL = tuple(
 )
 
 
-@pytest.fixture(scope="module")
-def several_planted(tmp_path_factory):
+SEVERAL_RUN = {}  # its report, output and folder, once made
+
+
+@pytest.fixture
+def several_planted(spawn, tmp_path):
     """One run of a copy with every defect that needs no fault planted in it, each in
-    its class: 2,000 creates, unpaced, no faults."""
-    tmp_path = tmp_path_factory.mktemp("several")
-    processes = []
-
-    def spawn(args, env):
-        process = subprocess.Popen(
-            args,
-            cwd=HERE,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        processes.append(process)
-        return process
-
-    try:
+    its class: 2,000 creates, unpaced, no faults; made by the first test that asks."""
+    if not SEVERAL_RUN:
         copy = planted(tmp_path, *SEVERAL)
-        yield run_nemesis(
+        SEVERAL_RUN["run"] = run_nemesis(
             spawn,
             tmp_path,
             *("--faults", "none", "--creates", "2000", "--seconds", "60"),
             *("--settle", "60", "--plantstore", str(copy)),
         )
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(WAIT)
+    return SEVERAL_RUN["run"]
 
 
 def assert_counted(found, expected, said):
@@ -432,7 +397,7 @@ def test_planted_200_before_the_commit_with_kills(spawn, tmp_path):
     report, said, out = run_nemesis(
         spawn,
         tmp_path,
-        *("--faults", "kill-worker", "--seconds", "20", "--rate", "150"),
+        *("--faults", "kill-worker", "--seconds", "12", "--rate", "150"),
         *("--settle", "60", "--seed", "3", "--plantstore", str(copy)),
     )
     assert report["lost"], f"the checker missed the planted defect: {said}"
@@ -450,7 +415,7 @@ def test_planted_sqlite_synchronous_off_with_power_loss(spawn, tmp_path):
     report, said, _ = run_nemesis(
         spawn,
         tmp_path,
-        *("--faults", "power-loss", "--seconds", "12", "--rate", "150"),
+        *("--faults", "power-loss", "--seconds", "8", "--rate", "150"),
         *("--settle", "60", "--seed", "3", "--plantstore", str(copy)),
     )
     assert report["faults"]["power-loss"]["count"], said
@@ -470,12 +435,12 @@ def test_planted_sqlite_synchronous_off_with_power_loss(spawn, tmp_path):
 def test_nemesis_audit_item_3_a_down_receiver_costs_another_nothing(spawn, tmp_path):
     """Item 3: the in-memory store, receiver b down for 10 s and more while unpaced
     clients fill its outbox past 10,000 events: receiver a, up all along, misses no
-    plant (1.5.0: about 4,700 missing at a, the shared bound full)."""
+    plant (1.5.0: 2,190 and 4,723 missing at a in two runs, the shared bound full)."""
     report, said, _ = run_nemesis(
         spawn,
         tmp_path,
         *("--store", "memory", "--faults", "receiver-b-down", "--seed", "4"),
-        *("--seconds", "18", "--max-fault-seconds", "18", "--settle", "30"),
+        *("--seconds", "18", "--max-fault-seconds", "18", "--settle", "20"),
     )
     assert report["missing_best_effort"].get("b"), said  # its bound was reached
     assert report["missing"] == {}, f"missing at a: {failed(report)}\n{said}"
@@ -485,7 +450,7 @@ def test_nemesis_audit_item_3_a_down_receiver_costs_another_nothing(spawn, tmp_p
 def test_nemesis_audit_item_4_a_clean_stop_delivers_what_waits(spawn, tmp_path):
     """Item 4: the in-memory store, gunicorn SIGTERM and SIGHUP (the unit's reload)
     while a few events wait for receivers that take 0.2 s each: none is missing
-    (1.5.0: the events under way at each stop, a few at each receiver)."""
+    (1.5.0: the events under way at each stop, 4 and 34 missing in two runs)."""
     report, said, _ = run_nemesis(
         spawn,
         tmp_path,
@@ -506,11 +471,9 @@ def test_nemesis_audit_item_5_a_full_log_stops_nothing(spawn, tmp_path):
         spawn,
         tmp_path,
         *("--faults", "log-full,receiver-down,sqlite-held", "--seed", "1"),
-        *("--seconds", "12", "--max-fault-seconds", "10", "--settle", "30"),
-        *(
-            "--rate",
-            "150",
-        ),
+        *("--seconds", "12", "--max-fault-seconds", "10", "--settle", "20"),
+        "--rate",
+        "150",
     )
     assert failed(report) == {}, said
     assert report["ok"], said
@@ -524,8 +487,8 @@ def test_nemesis_audit_item_7_a_clock_ahead_delays_nothing(spawn, tmp_path):
         spawn,
         tmp_path,
         *("--store", "postgres", "--faults", "clock-step,receiver-down"),
-        *("--seed", "4", "--seconds", "12", "--max-fault-seconds", "10"),
-        *("--settle", "30", "--rate", "150"),
+        *("--seed", "4", "--seconds", "8", "--max-fault-seconds", "10"),
+        *("--settle", "20", "--rate", "150"),
     )
     assert report["faults"]["clock-step"]["count"], said
     assert failed(report) == {}, said

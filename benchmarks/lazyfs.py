@@ -419,14 +419,15 @@ class LazyFS:
         for made in self.mount, self.live:
             made.mkdir(parents=True, exist_ok=True)
         self.mount.chmod(0o755)
-        self.daemon = subprocess.Popen(
-            [sys.executable, __file__, "serve", self.live, self.folder / "durable"]
-            + [self.mount],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=open(self.folder / "lazyfs.log", "a"),  # noqa: SIM115 (the child's)
-            text=True,
-        )
+        with open(self.folder / "lazyfs.log", "a") as log:
+            self.daemon = subprocess.Popen(
+                [sys.executable, __file__, "serve", self.live, self.folder / "durable"]
+                + [self.mount],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
         try:
             if self.daemon.stdout.readline() != "mounted\n":
                 raise RuntimeError(f"lazyfs did not mount: {self.log()}")
