@@ -1,70 +1,58 @@
-"""Nothing lost, measured (issue 54): plantstore under a production recipe, clients that
-create, delete and list, a webhook receiver, a stream of faults; then a checker that
-reads what the service holds and says what, if anything, was lost.
+"""Nothing lost, measured (issues 54 and 59): plantstore under a production recipe,
+clients that create, delete and walk the pages, two webhook receivers, a stream of
+faults (power cuts among them); then a checker that reads the run's files alone and
+says what, if anything, was lost or changed.
 
     python benchmarks/nemesis.py                                # SQLite, gunicorn, 60 s
     python benchmarks/nemesis.py --store postgres --seconds 600 --seed 7
     python benchmarks/nemesis.py --server granian --faults kill-worker,receiver-503
     python benchmarks/nemesis.py --list-faults                  # the faults, and which
                                                                 # run by default
+    python benchmarks/nemesis_check.py RUN_FOLDER               # the verdicts again
 
 Needs the test extra (pip install -e '.[test]'): PostgreSQL is started as the tests
-start it (initdb and pg_ctl in a temporary folder, on a free port), and the receiver
-checks each signature with the reference library, standardwebhooks. disk-full mounts a
-tmpfs and partition makes network namespaces: both need root, as CI has.
+start it (initdb and pg_ctl in a temporary folder, on a free port), the receivers check
+each delivery with the reference library, standardwebhooks, and power-loss puts the
+store's files on benchmarks/lazyfs.py (FUSE: Debian's fuse3). power-loss, disk-full and
+log-full mount filesystems and partition makes network namespaces: they need root, as
+CI has.
 
 What runs:
-- the server, a recipe of the README: `gunicorn -w 2 --threads 4`, or granian with the
-  flags of deploy/plantstore-granian.service for the store (their
-  --respawn-failed-workers replaces a killed worker); on an SQLite file, or on a
-  PostgreSQL of its own (fsync on), with a webhook receiver and its secret. Every
-  secret (the token, the webhook secret, the database's URL) is in a file of the
-  run's, named by PLANTSTORE_*_FILE, never on a command line.
+- the servers, a recipe of the README: `gunicorn -w 2 --threads 4` (-w 1 --threads 8
+  for the in-memory store), or granian with the flags of
+  deploy/plantstore-granian.service for the store; on an SQLite file, on a PostgreSQL of its own (fsync on) that two app
+  hosts share (the second one's clock is clock-step's), or in memory. Every secret (the
+  token, the webhook secret, the database's URL) is in a file of the run's, named by
+  PLANTSTORE_*_FILE, never on a command line.
 - --clients clients, each in a thread. A client creates plants, each id once, the id
-  written in the plant's name ("nemesis 1000000007"), since the listing has no ids: a
-  503, a cut connection, a refusal or a timeout is retried with the same id until the
-  answer is 200 or 409. It deletes some of the plants it made, retrying likewise until
-  204 or 404, and reads a few pages of the listing. It waits Retry-After after a 503.
-  Each sends its next operation once it has its answer, or at --rate operations a
-  second for all of them together.
-- a receiver, on a port of its own: it verifies each delivery as it comes, with
-  standardwebhooks, and logs it (the plant's id, its webhook-id, verified or not, what
-  it answered).
+  written in the plant's name ("nemesis 1000000007 café ✓"), since the listing has no
+  ids: a 503, a cut connection, a refusal or a timeout is retried with the same id until
+  the answer is 200 or 409. It deletes some of the plants it made, retrying likewise
+  until 204 or 404, and walks 1 to 3 pages of the listing from its start. It waits
+  Retry-After after a 503. Each sends its next operation once it has its answer, or at
+  --rate operations a second for all of them together.
+- two receivers, a and b, each on a port of its own: each checks a delivery as it comes
+  (its signature, and its timestamp), answers as the nemesis says, and logs it whole.
 - the nemesis: from --seed alone, it draws each episode, so that the same seed gives the
   same faults in the same order: a calm of 1 to 5 s, then one fault, or two together
-  (a third of the time; the second 0 to 3 s after the first) on different targets
-  (the server, the database, the receiver), each for a drawn duration
-  (--max-fault-seconds caps them). --list-faults says what each does.
+  (a third of the time; the second 0 to 3 s after the first) on different targets, each
+  for a drawn duration (--max-fault-seconds caps them). --list-faults says what each
+  does.
 
-After --seconds (or --creates), the faults stop: every fault is undone, the clients
-start nothing new and get an answer to each operation under way (within 60 s), and the
-service settles: the run waits until GET /metrics says the database is up and no
-webhook event waits for the receiver, for as long as the backlog keeps falling; it
-gives up once --settle seconds (420) pass without a new low: the schedule's 300 s step
-with its jitter, a lease (17 s) and an attempt (15 s). Under a load the webhook sender
-cannot keep up with, the backlog grows while the load lasts, and drains after it.
+After --seconds (or --creates), the faults stop: every fault is undone (every receiver
+is up: the final phase), the clients start nothing new and get an answer to each
+operation under way (within 60 s), and the service settles: the run waits until GET
+/metrics says the database is up and no webhook event waits, for as long as the backlog
+keeps falling; it gives up once --settle seconds (420) pass without a new low: the
+schedule's 300 s step with its jitter, a lease (17 s) and an attempt (15 s).
 
-The checker then reads the whole listing through the HTTP API, and the receiver's log;
-it imports nothing of plantstore. What it trusts is the clients' own record of what
-they sent and were answered, the receiver's log, and the listing. It counts:
-- lost: a plant whose create was answered 200, or 409 after a 503 or a cut of our own,
-  that is not listed, and that no delete of ours removed (answered 204, or 404 after a
-  503 or a cut of its own);
-- phantom: a listed plant whose id no client sent, or whose create never got 200 or 409;
-- resurrected: a listed plant that a delete of ours removed;
-- wrong 409: a 409 to a create that no earlier attempt can have stored (its first
-  attempt, or one after refusals only);
-- webhooks missing: a stored plant (a create answered as above) of which no delivery was
-  verified and answered 2xx;
-- forged: a delivery whose signature fails, or for a plant never stored;
-- duplicates: how many deliveries each stored plant had;
-- the operations by outcome, the faults by kind, and p50/p99 latency of a request in
-  calm and in fault (a request in fault is one under way while a fault was).
-
-It prints a report (a table to paste in docs/reliability.md) and writes its files in
---out (the server's log, each operation, each delivery, each fault, report.json). The
-exit status is 0 when lost, phantom, resurrected, wrong 409, webhooks missing and forged
-are all 0 and every operation got its answer; else 1.
+Then it reads the whole listing through the HTTP API and the plants' rows from the
+database itself, writes its files in --out (docs/reliability.md gives their fields:
+run.json, operations.jsonl, listing.jsonl, rows.jsonl, deliveries.jsonl, faults.jsonl,
+the servers' logs), and hands them to the checker, benchmarks/nemesis_check.py, which
+imports nothing of plantstore: its docstring says what it counts. It prints a report (a
+table to paste in docs/reliability.md) and writes report.json. The exit status is 0
+when every verdict is 0 and the service settled; else 1.
 """
 
 import argparse
