@@ -20,8 +20,9 @@ CI has.
 What runs:
 - the servers, a recipe of the README: `gunicorn -w 2 --threads 4` (-w 1 --threads 8
   for the in-memory store), or granian with the flags of
-  deploy/plantstore-granian.service for the store; on an SQLite file, on a PostgreSQL of its own (fsync on) that two app
-  hosts share (the second one's clock is clock-step's), or in memory. Every secret (the
+  deploy/plantstore-granian.service for the store; on an SQLite file, on a PostgreSQL
+  of its own (fsync on) that two app hosts share (the second one's clock is
+  clock-step's), or in memory. Every secret (the
   token, the webhook secret, the database's URL) is in a file of the run's, named by
   PLANTSTORE_*_FILE, never on a command line.
 - --clients clients, each in a thread. A client creates plants, each id once, the id
