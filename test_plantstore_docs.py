@@ -655,7 +655,6 @@ def test_readme_apt_get_line_installs_what_ci_installs():
     assert listed == installed, f"{where}: .ci/run installs {sorted(installed)}"
 
 
-
 def test_the_core_s_tests_run_with_pytest_and_webtest_alone(tmp_path):
     """Audit item 12: the README's learner's command, `python -m pytest
     test_plantstore.py`, in a fresh venv with the card's packages alone (1.5.0's
@@ -682,6 +681,7 @@ def test_the_core_s_tests_run_with_pytest_and_webtest_alone(tmp_path):
     )
     assert ran.returncode == 0, f"{where}: {ran.stdout[-2000:]}{ran.stderr[-2000:]}"
     assert re.search(r"\d+ passed", ran.stdout) and "xdist" not in ran.stdout
+
 
 def ignored_by_git(name):
     """Whether .gitignore's patterns match the file `name` of the project's folder (no
