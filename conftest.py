@@ -28,7 +28,7 @@ from testbed import (
 
 
 def pytest_collection_modifyitems(items):
-    """pytest-xdist (setup.cfg's -n 2) schedules tests by node id, and of tests that
+    """pytest-xdist (the README's -n 2) schedules tests by node id, and of tests that
     share one it runs the first alone: stop before a test is silently left out."""
     ids = collections.Counter(item.nodeid for item in items)
     if shared := sorted(nodeid for nodeid, count in ids.items() if count > 1):

@@ -135,9 +135,8 @@ def app_from_environ(environ=os.environ, tokens=None):
         with naming_setting(environ, "PLANTSTORE_WEBHOOK_SECRET"):
             webhook_secret_key(secret)
     origins = listed("PLANTSTORE_CORS_ORIGINS", browser_origin)
-    with naming_setting(
-        environ, "PLANTSTORE_DB"
-    ):  # last: a refused setting makes no file
+    # last: a refused setting makes no file
+    with naming_setting(environ, "PLANTSTORE_DB"):
         store = store_from_environ(environ)
     application = make_app(
         tokens, store, webhook_urls=urls, webhook_secret=secret, cors_origins=origins
@@ -184,22 +183,7 @@ more: README.md, or python -m pydoc plantstore"""
 def main(argv=None):
     """Run the embedded server: python plantstore.py [--host H] [--port P]; --help
     lists the settings too."""
-    parser = argparse.ArgumentParser(
-        prog="plantstore",
-        description="Serve the Plant Store API.",
-        epilog=ENVIRONMENT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (%(default)s)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=8000, help="port, 0 for any (%(default)s)"
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"plantstore {__version__}"
-    )
-    args = parser.parse_args(argv)
+    args = command_line().parse_args(argv)
     try:  # the port first: a start refused for it makes no file
         server = make_server(args.host, args.port, None)
     except (OSError, OverflowError) as error:
@@ -228,3 +212,23 @@ def main(argv=None):
     for part in server.application.webhook_sender, server.application.store:
         getattr(part, "close", lambda: None)()  # nothing left open at a clean stop
     return 0
+
+
+def command_line():
+    """main()'s arguments, and its --help."""
+    parser = argparse.ArgumentParser(
+        prog="plantstore",
+        description="Serve the Plant Store API.",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (%(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="port, 0 for any (%(default)s)"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"plantstore {__version__}"
+    )
+    return parser

@@ -29,9 +29,6 @@ def receiver_origin(url):
     return browser_origin("://".join(urlsplit(url)[:2]))
 
 
-# ---- CORS: browser pages of other origins, as a wrapper the core never sees ----
-
-
 def with_cors(application, origins):
     """The application, answering browser pages of the listed origins (as a browser
     sends Origin).

@@ -19,7 +19,7 @@ OPENAPI = json.loads(
     "title": "Plant Store",
     "version": "1.0.0",
     "license": {"name": "MIT", "identifier": "MIT"},
-    "description": "Add, list and delete plants with a token; new plants go to webhooks"
+    "description": "Plants kept for the holders of a token; new ones go to webhooks"
   },
   "tags": [
     {"name": "plants", "description": "The plants in the store"},

@@ -196,8 +196,7 @@ class PostgresStore(SQLStore):
                 for _, largest in run_sql(self.MOVE.format(table)).fetchall():
                     log_line(
                         f"the identity of {table} was behind its largest seq, "
-                        f"{largest}: "
-                        "moved past it"
+                        f"{largest}: moved past it"
                     )
 
     def upgrade(self, run_sql):
@@ -241,9 +240,11 @@ class PostgresStore(SQLStore):
     def _new_state(self):
         state = super()._new_state()
         state.making = threading.Semaphore(self.POOL_SIZE)  # connections being made
+        state.busy = {}  # connections running a statement, to its deadline (state.lock)
         return state
 
     def execute(self, db, sql, parameters, deadline):
+        """Run one statement; the watchdog cuts it at the deadline."""
         state = self._state()
         with state.lock:  # the watchdog sees each statement, with its deadline
             state.busy[db] = deadline
@@ -272,8 +273,8 @@ class PostgresStore(SQLStore):
                             connection.shutdown(socket.SHUT_RDWR)
 
     def close(self):
-        super().close()
         self._watchdog.stop()
+        return super().close()
 
     def usable(self, db):
         # An idle connection has nothing to read: if it has, the server said goodbye.
@@ -283,23 +284,7 @@ class PostgresStore(SQLStore):
 def postgres_settings(conninfo):
     """libpq's parameters from a PostgreSQL URL or libpq string, and the database as
     messages name it: a URL made anew from those parameters, without the password."""
-    # libpq's user-info ends at the first @ before a /
-    if re.match("(?i)postgres(ql)?://", conninfo):
-        authority, _, path = conninfo.partition("://")[2].partition("/")
-        user_info = authority.rpartition("@")[0]
-        database = path.partition("?")[0]
-        # else libpq reads a part of the password as the host, and shows it
-        if (
-            authority.count("@") > 1
-            or re.search("[?#]", user_info)
-            or "@" in database
-            or "#" in conninfo
-        ):
-            raise ValueError(
-                f"PLANTSTORE_DB is not a well-formed PostgreSQL URL: in the user name "
-                "and password, write @ as %40, / as %2F, ? as %3F and # as %23; "
-                f"it takes {DB_FORMS}"
-            )
+    check_url(conninfo)
     try:
         parameters = conninfo_to_dict(  # the scheme in lower case: libpq's only one
             re.sub("^postgres(ql)?://", "postgresql://", conninfo, flags=re.IGNORECASE)
@@ -331,6 +316,27 @@ def postgres_settings(conninfo):
         parameters,
         f"PostgreSQL postgresql://{user}{where}/{parameters.get('dbname', '')}",
     )
+
+
+def check_url(conninfo):
+    """Refuse a URL libpq would read otherwise than its writer meant: libpq's user-info
+    ends at the first @ before a /, and it would read a part of the password as the
+    host, and show it."""
+    if re.match("(?i)postgres(ql)?://", conninfo):
+        authority, _, path = conninfo.partition("://")[2].partition("/")
+        user_info = authority.rpartition("@")[0]
+        database = path.partition("?")[0]
+        if (
+            authority.count("@") > 1
+            or re.search("[?#]", user_info)
+            or "@" in database
+            or "#" in conninfo
+        ):
+            raise ValueError(
+                "PLANTSTORE_DB is not a well-formed PostgreSQL URL: in the user name "
+                "and password, write @ as %40, / as %2F, ? as %3F and # as %23; "
+                f"it takes {DB_FORMS}"
+            )
 
 
 @functools.cache

@@ -62,6 +62,12 @@ class _Server(Server):
     request_queue_size = 1024
     linger_seconds = 2
 
+    def __init__(self, address, client_timeout):
+        super().__init__(address, _RequestHandler)
+        self.client_timeout = client_timeout
+        self.in_flight, self.in_flight_changed = 0, threading.Condition()
+        self.stopping = None  # when the first signal to stop came
+
     def server_bind(self):
         """wsgiref's, but for the host's name, which it asks DNS for (getfqdn): a
         resolver that never answers held the start up. SERVER_NAME is the address."""
@@ -123,9 +129,6 @@ class _Server(Server):
 
 def make_server(host, port, application, *, client_timeout=CLIENT_TIMEOUT):
     """The embedded server for application on (host, port); port 0 picks a free one."""
-    server = _Server((host, port), _RequestHandler)
-    server.client_timeout = client_timeout
-    server.in_flight, server.in_flight_changed = 0, threading.Condition()
-    server.stopping = None  # when the first signal to stop came
+    server = _Server((host, port), client_timeout)
     server.set_app(application)
     return server

@@ -1,5 +1,7 @@
-"""The settings, read from the environment (or a file, for NAME_FILE) and checked whole
-before anything opens: tokens, and the store PLANTSTORE_DB names.
+"""Reading the settings that are more than a list: a setting from its variable or from
+the file NAME_FILE names (read_setting_file: bounded, whatever the file is), the tokens,
+and the store PLANTSTORE_DB names, told apart by its form. plantstore_app.py reads the
+others, and checks all of them before anything opens.
 """
 
 import contextlib

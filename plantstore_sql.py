@@ -102,7 +102,9 @@ class SQLStore(Store):
         connection is kept: a server may fork next, and a fork must not carry one."""
         db = self.connect(time.monotonic() + DB_WAIT_SECONDS)
         try:
-            self.setup(db.execute)  # not self.execute: no watchdog in a server's master
+            # db.execute: an engine's execute may start a thread, and a server's master,
+            # which forks after this, must have none
+            self.setup(db.execute)
             self._ready = True
         finally:
             self._close(db)
@@ -232,16 +234,16 @@ class SQLStore(Store):
         asked, where run(sql, **parameters) runs one statement and returns its rows.
         All of it, connecting included, ends within `wait` seconds, or answers 503.
 
-        A request's session passes this process's breaker for reads, or for writes
+        A request's call passes this process's breaker for reads, or for writes
         (_Breaker), and an outage it finds is logged once. A background thread's
         (background=True) does neither: it must not turn requests away, and it says
         what it waits for itself."""
         if background:
-            return self._session(work, write, transaction, wait)
+            return self._bounded(work, write, transaction, wait)
         kind = "writes" if write else "reads"
         with getattr(self._state(), kind).guard():
             try:
-                result = self._session(work, write, transaction, wait)
+                result = self._bounded(work, write, transaction, wait)
             except HTTPError as error:
                 cause = error.__cause__  # None: every connection was busy, no outage
                 if cause is not None and self._outage_of is None:
@@ -256,14 +258,14 @@ class SQLStore(Store):
             log_line(f"the {self.name} is reachable again")
         return result
 
-    def _session(self, work, write, transaction, wait):
+    def _bounded(self, work, write, transaction, wait):
         deadline = time.monotonic() + wait
         try:
             turn = self._writer_lock(deadline) if write else contextlib.nullcontext()
             with turn, self._connection(deadline) as db:
                 return self._work(db, work, transaction, deadline)
         except self.outages as error:
-            # cut at its bound (a watchdog's shutdown, say): the log says so instead
+            # cut at its bound, whatever cut it: the log says so instead
             cut = time.monotonic() >= deadline
             cause = TimeoutError(f"no answer in {wait} s") if cut else error
             raise unavailable("the database") from cause
@@ -311,7 +313,7 @@ class SQLStore(Store):
         return result
 
     def execute(self, db, sql, parameters, _deadline):
-        """Run one statement; PostgresStore's watchdog cuts it at the deadline."""
+        """Run one statement, to be cut at the deadline where the engine can."""
         return db.execute(sql, parameters)
 
     def setup(self, run_sql):
@@ -351,13 +353,12 @@ class SQLStore(Store):
         return str(error).splitlines()[0] if str(error) else type(error).__name__
 
     def close(self):
-        """Close what this process holds idle: its connections, and SQLite's writers'
-        lock file; a later use opens them anew."""
+        """Close what this process holds idle, its connections; a later use opens them
+        anew."""
         state, self._process = self._state(), (None, None)
         for db in state.idle:  # at the end: no request takes one meanwhile
             self._close(db)
-        if state.writers:
-            state.writers.close()
+        return state
 
 
 class _PendingCreate(concurrent.futures.Future):
@@ -410,12 +411,11 @@ class _ProcessState:
     """What a SQL store holds in one process: its connections, creates and locks."""
 
     def __init__(self, pool_size):
-        self.lock = threading.Lock()  # guards idle and busy
+        self.lock = threading.Lock()  # guards idle
         self.slots = threading.Semaphore(pool_size)  # connections left to make
-        self.idle, self.busy = [], {}  # connections: free; running, to their deadline
+        self.idle = []  # connections free
         self.turn = threading.Condition()  # guards queue and batching
         self.queue, self.batching = collections.deque(), False  # creates; one written
-        self.writers = None  # SQLite's: the lock a writer holds, with other processes
         self.reads, self.writes = _Breaker(), _Breaker()  # the requests'
 
 

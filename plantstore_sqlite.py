@@ -38,7 +38,8 @@ class SQLiteStore(SQLStore):
     CLAIMS = (
         "CREATE INDEX IF NOT EXISTS plant_events_claims ON plant_events (url, next_at)"
     )
-    INDEXES = (  # what /metrics counts, read from the first alone: fast at a million
+    INDEXES = (
+        # what /metrics counts, read from this index alone: fast at a million
         "CREATE INDEX IF NOT EXISTS plant_events_receivers"
         " ON plant_events (url, attempts, created)",
         CLAIMS,
@@ -83,10 +84,23 @@ class SQLiteStore(SQLStore):
                 f"{self.describe(error)}"
             ) from None
 
+    def _new_state(self):
+        state = super()._new_state()
+        state.writers = (
+            None  # the lock a writer holds, with other processes: made at need
+        )
+        return state
+
     def _writer_lock(self, deadline):
         state = self._state()
         state.writers = state.writers or _WriterLock(self.path + "-writers")
         return state.writers.held(deadline)
+
+    def close(self):
+        """SQLStore's, and the writers' lock file."""
+        state = super().close()
+        if state.writers:
+            state.writers.close()
 
     def execute(self, db, sql, parameters, deadline):
         db.deadline = deadline  # the statement's wait for a lock ends there (_SQLite)

@@ -439,9 +439,8 @@ def check_webhook_url(url):
     """Return url as it is sent, its path and query in ASCII (/r%C3%A9ception), if it
     can be delivered to: http(s), a host in ASCII, a port that parses, no user-info."""
     try:
-        receiver_origin(
-            url
-        )  # scheme, host and port as a browser's origin: no user-info
+        # scheme, host and port as a browser's origin: no user-info
+        receiver_origin(url)
         good = not re.search(r"[\x00-\x20\x7f]", url)
     except ValueError:
         good = False

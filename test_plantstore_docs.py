@@ -671,16 +671,23 @@ def test_the_core_s_tests_run_with_pytest_and_webtest_alone(tmp_path):
         timeout=300,
     )
     command = said[2].split()
-    ran = subprocess.run(
-        [venv / "bin" / command[0], *command[1:], "-q", "-p", "no:cacheprovider"],
-        cwd=HERE,
-        env=environ_without_tokens(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, f"{where}: {ran.stdout[-2000:]}{ran.stderr[-2000:]}"
-    assert re.search(r"\d+ passed", ran.stdout) and "xdist" not in ran.stdout
+    # in the checkout, and beside plantstore.py alone, with the tests' helpers
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for name in "plantstore.py", "test_plantstore.py", "testbed.py", "conftest.py":
+        shutil.copy(HERE / name, alone)
+    for folder in HERE, alone:
+        ran = subprocess.run(
+            [venv / "bin" / command[0], *command[1:], "-q", "-p", "no:cacheprovider"],
+            cwd=folder,
+            env=environ_without_tokens(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        said = f"{where}, in {folder}: {ran.stdout[-2000:]}{ran.stderr[-2000:]}"
+        assert ran.returncode == 0, said
+        assert re.search(r"\d+ passed", ran.stdout) and "xdist" not in ran.stdout
 
 
 def ignored_by_git(name):

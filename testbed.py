@@ -13,8 +13,9 @@ while a benchmark that starts one removes it itself, in a `finally`; each webhoo
 `Receiver` is shut down by the `receiver` fixture; and `run_plantstore` kills the
 process it started before it returns.
 
-psycopg, standardwebhooks and prometheus_client are imported where they are used, not
-at the top: test_plantstore.py, the core's tests, runs with none of them loaded."""
+psycopg, standardwebhooks and prometheus_client, and the modules of the full service,
+are imported where they are used, not at the top: test_plantstore.py, the core's tests,
+runs with none of them loaded, beside plantstore.py alone."""
 
 import base64
 import collections
@@ -52,11 +53,7 @@ import pytest
 import webtest
 
 import plantstore
-import plantstore_webhooks
 from plantstore import INT64_MAX, JSON_TYPE, MemoryStore
-from plantstore_accelerators import ChunkedStore
-from plantstore_app import make_app
-from plantstore_sqlite import SQLiteStore
 
 TOKEN = "test-token-1-a7Qm9xZ2"
 # What Kubernetes sets in every pod of a namespace with a Service named plantstore (its
@@ -959,6 +956,8 @@ OTHER_TOKEN = "test-token-2-Lp4Wc8Rt"
 
 @pytest.fixture
 def store():
+    from plantstore_accelerators import ChunkedStore
+
     return ChunkedStore()
 
 
@@ -966,26 +965,34 @@ def store():
 def app(store):
     """The whole service as make_app builds it (the document, /metrics), in WebTest,
     lint on: anything written to wsgi.errors fails the test."""
+    from plantstore_app import make_app
+
     return webtest.TestApp(make_app([TOKEN, OTHER_TOKEN], store=store))
 
 
-@pytest.fixture(params=["memory", "plantstore", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "chunked", "sqlite", "postgres"])
 def any_store(request, tmp_path):
     """Each store, held to the same behaviour: the core's MemoryStore, make_app's
     ChunkedStore, SQLite and PostgreSQL."""
+    from plantstore_accelerators import ChunkedStore
+    from plantstore_sqlite import SQLiteStore
+
     if request.param == "postgres":
         from plantstore_postgres import PostgresStore  # psycopg: only where it is used
 
         return PostgresStore(request.getfixturevalue("pg_url"))
     if request.param == "sqlite":
         return SQLiteStore(tmp_path / "plants.sqlite3")
-    return {"memory": MemoryStore, "plantstore": ChunkedStore}[request.param]()
+    return {"memory": MemoryStore, "chunked": ChunkedStore}[request.param]()
 
 
 @pytest.fixture
 def webhook_app(monkeypatch):
     """make_app with webhooks, on a schedule short enough for a test; its sender is
     always closed."""
+    import plantstore_webhooks
+    from plantstore_app import make_app
+
     monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (0.2, 0.2, 0.2))
     monkeypatch.setattr(plantstore_webhooks.WebhookSender, "PROBE_SECONDS", 0.3)
     monkeypatch.setattr(plantstore_webhooks.WebhookSender, "POLL_SECONDS", 0.05)
@@ -1112,6 +1119,10 @@ def mounted_at_api(application):
 def call_case(arguments, tmp_path):
     """call() of the whole service with one case's arguments (a row of
     test_plantstore_document.py's STATUS_CASES), and its store made as the case says."""
+    from plantstore_accelerators import ChunkedStore
+    from plantstore_app import make_app
+    from plantstore_sqlite import SQLiteStore
+
     arguments = dict(arguments)
     given = arguments.pop("store", None)
     store = BrokenStore() if given == "broken" else ChunkedStore()
