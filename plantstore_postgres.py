@@ -226,16 +226,18 @@ class PostgresStore(SQLStore):
             except Exception as error:
                 made.set_exception(error)
 
+        if not making.acquire(timeout=until - time.monotonic()):
+            raise psycopg.OperationalError("no connection in time")
+        made.add_done_callback(lambda _: making.release())
+        maker = threading.Thread(target=make, name="plantstore-connect", daemon=True)
+        maker.start()
         try:
-            if making.acquire(timeout=until - time.monotonic()):
-                made.add_done_callback(lambda _: making.release())
-                threading.Thread(
-                    target=make, name="plantstore-connect", daemon=True
-                ).start()
-            return made.result(until - time.monotonic())
+            db = made.result(until - time.monotonic())
         except TimeoutError:
             made.add_done_callback(lambda _: made.exception() or made.result().close())
             raise psycopg.OperationalError("no connection in time") from None
+        maker.join()  # made: a thread outlives no connect but one given up
+        return db
 
     def _new_state(self):
         state = super()._new_state()
