@@ -761,7 +761,9 @@ def test_deploy_md_sqlite_by_hand_runs_as_written_in_the_folder_of_the_readme_s_
     )
     env = environ_without_tokens(HOME=str(home), PYTHONPATH=str(HERE))
     process = spawn(["bash", "-c", f"cd {shlex.quote(str(project))}\n{script}"], env)
-    Lines(process.stderr).until(r"plantstore: version")  # else: what it said instead
+    err = Lines(process.stderr)
+    for _ in range(2):  # each worker, so that each takes the SIGTERM below
+        err.until(r"plantstore: version")  # else: what it said instead
     wait_listening(process, port)
     created = post_over_http("127.0.0.1", port, token, {"id": 1, "name": "Fern"})
     assert created == (200, {"name": "Fern"})
