@@ -988,7 +988,8 @@ def test_every_gunicorn_command_shipped_or_documented_makes_no_control_socket():
     """gunicorn 27 makes a control socket in $HOME/.gunicorn, one path for every
     instance of a user, and says [ERROR] at each start where HOME cannot be written:
     each command turns it off (the units' is run by test_plantstore_settings.py)."""
-    files = [*every_doc(), *(f"deploy/{p.name}" for p in (HERE / "deploy").iterdir())]
+    shipped = (HERE / "deploy").rglob("*")
+    files = [*every_doc(), *(str(p.relative_to(HERE)) for p in shipped if p.is_file())]
     commands = [
         (f"{name}:{text.count(chr(10), 0, found.start()) + 1}", found[0])
         for name in files
