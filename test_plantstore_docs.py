@@ -488,12 +488,15 @@ def test_gc_index_benchmark_smoke_run(capsys):
 # Imported here, with the section that uses them, so that it merges apart from the
 # file's head.
 
+import contextlib  # noqa: E402 (this section's, above)
 import fnmatch  # noqa: E402 (this section's, above)
+import glob  # noqa: E402 (this section's, above)
 import os  # noqa: E402 (this section's, above)
 import secrets  # noqa: E402 (this section's, above)
 import shlex  # noqa: E402 (this section's, above)
 import shutil  # noqa: E402 (this section's, above)
 import signal  # noqa: E402 (this section's, above)
+import tempfile  # noqa: E402 (this section's, above)
 from pathlib import Path  # noqa: E402 (this section's, above)
 
 from plantstore import SQLiteStore  # noqa: E402 (this section's, above)
@@ -508,6 +511,7 @@ from testbed import (  # noqa: E402 (this section's, above)
     start_gunicorn,
     stored_plants,
     wait_listening,
+    wait_until,
 )
 
 
@@ -757,13 +761,17 @@ def test_deploy_md_sqlite_by_hand_runs_as_written_in_the_folder_of_the_readme_s_
     )
     env = environ_without_tokens(HOME=str(home), PYTHONPATH=str(HERE))
     process = spawn(["bash", "-c", f"cd {shlex.quote(str(project))}\n{script}"], env)
-    Lines(process.stderr).until(r"plantstore: version")  # else: what it said instead
+    err = Lines(process.stderr)
+    for _ in range(2):  # each worker, so that each takes the SIGTERM below
+        err.until(r"plantstore: version")  # else: what it said instead
     wait_listening(process, port)
     created = post_over_http("127.0.0.1", port, token, {"id": 1, "name": "Fern"})
     assert created == (200, {"name": "Fern"})
     assert stored_plants(str(state / "plants.sqlite3")) == {1: "Fern"}
     os.killpg(process.pid, signal.SIGTERM)
     assert process.wait(WAIT) == 0
+    # gunicorn 27's control socket, $HOME/.gunicorn, would be every instance's
+    assert not list(home.iterdir()), list(home.iterdir())
 
 
 def test_the_recipes_make_their_virtualenv_with_the_system_python():
@@ -854,7 +862,7 @@ def test_operations_md_scrapes_each_app_host_where_nginx_reaches_it():
     bound, said = doc_find(
         "docs/deploy.md",
         r"several app hosts, the host's private "
-        r"address \(`-b ([\d.:]+)`\)",
+        r"address \(`ListenStream=([\d.:]+)`\)",
     )
     assert said[1] in servers, f"{bound}: the upstream has {servers}"
 
@@ -961,3 +969,137 @@ def test_deploy_md_probes_ask_the_database_for_readiness_alone(tmp_path):
     away = asked.get(path["readiness"], status=503)
     assert away.headers["Retry-After"] and away.json["error"] == 503
     store.close()
+
+
+def test_docs_run_the_virtualenv_s_pytest():
+    """A bare `pytest` is the one first on PATH, perhaps of another Python, without the
+    test extra: the docs run the README's, `.venv/bin/python -m pytest`."""
+    found = 0
+    for name in every_doc()[1:]:  # docs/
+        for where, said in doc_matches(name, r"`([^`]*\bpytest\b[^`]*)`"):
+            command = re.sub(r"\s+", " ", said[1])
+            if re.match(r"(\S+/)?(python3? -m )?pytest ", command):
+                assert command.startswith(".venv/bin/python -m pytest "), where
+                found += 1
+    assert found >= 2, "the docs no longer run pytest: update this test"
+
+
+def test_every_gunicorn_command_shipped_or_documented_makes_no_control_socket():
+    """gunicorn 27 makes a control socket in $HOME/.gunicorn, one path for every
+    instance of a user, and says [ERROR] at each start where HOME cannot be written:
+    each command turns it off (the units' is run by test_plantstore_settings.py)."""
+    shipped = (HERE / "deploy").rglob("*")
+    files = [*every_doc(), *(str(p.relative_to(HERE)) for p in shipped if p.is_file())]
+    commands = [
+        (f"{name}:{text.count(chr(10), 0, found.start()) + 1}", found[0])
+        for name in files
+        for text in [doc_text(name)]
+        for found in re.finditer(r"gunicorn (-[^`|\n]*?)?plantstore:app", text)
+        if found[1]  # a command, with its flags; not the app's name in a sentence
+    ]
+    assert len(commands) >= 5, f"fewer gunicorn commands: update this test {commands}"
+    for where, command in commands:
+        assert "--no-control-socket" in command.split(), f"{where}: {command}"
+
+
+def test_operations_md_installs_psycopg_before_plantstore_makes_the_tables():
+    """The move's first start on PostgreSQL needs psycopg: the doc installs it before
+    that block, not in the downtime after it."""
+    text = doc_text("docs/operations.md")
+    install = "pip install '.[server,postgres]'"
+    tables = text.index("<!-- run: make-tables -->")
+    before, downtime = (
+        text.index("### Before the downtime"),
+        text.index("### The downtime"),
+    )
+    assert before < text.find(install) < tables, "psycopg installed after make-tables"
+    assert install not in text[downtime:], "psycopg installed in the downtime"
+
+
+def test_failover_md_standby_block_runs_as_written():
+    """docs/failover.md's standby, its commands run in order on this machine as on two
+    hosts: a primary as Debian makes it (its superuser postgres, peer on its socket, a
+    plantstore role as deploy.md's, no REPLICATION), the standby's folder where the
+    doc clones it, each password typed at its prompt. `sudo -u postgres` is runuser,
+    `systemctl` the standby's pg_ctl; db1.internal and 10.0.0.0/24 are loopback's. The
+    last command says the standby is synchronous."""
+    block = re.search(
+        r"<!-- standby -->\n```sh\n(.*?)```\n", doc_text("docs/failover.md"), re.S
+    )
+    assert block, "docs/failover.md has no standby block: update this test"
+    binaries = max(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[4])
+    )
+    folder = Path(tempfile.mkdtemp(prefix="plantstore-standby-"))  # postgres enters it
+    folder.chmod(0o755)
+    primary, standby = folder / "primary", folder / "15-main"
+    env = environ_without_tokens(
+        PATH=f"{binaries}:{os.environ['PATH']}",
+        PGHOST=str(folder),
+        PGPORT=str(free_port()),
+    )
+
+    def run(line, typed=""):
+        """Run a line of bash as root, as a session of its own (no terminal: a prompt
+        reads stdin); return what it printed. It must exit 0."""
+        done = subprocess.run(
+            ["bash", "-c", line],
+            env=env,
+            input=typed,
+            capture_output=True,
+            text=True,
+            timeout=WAIT * 2,
+            start_new_session=True,
+            cwd=folder,
+        )
+        assert done.returncode == 0, f"docs/failover.md: {line}\n{done.stderr}"
+        return done.stdout
+
+    def pg_ctl(data, action, port=env["PGPORT"]):
+        options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        return (
+            f"runuser -u postgres -- pg_ctl -D {data} -l {data}.log -w -m immediate"
+            f" -o '{options}' {action}"
+        )
+
+    password = secrets.token_urlsafe(12)
+    try:
+        shutil.chown(folder, "postgres")
+        run(
+            f"runuser -u postgres -- initdb -D {primary} --no-sync -E UTF8"
+            " --auth-local=peer --auth-host=scram-sha-256 >/dev/null"
+        )
+        run(pg_ctl(primary, "start"))
+        # the app's role, by the password typed at each prompt (on stdin, not a line)
+        run(
+            "runuser -u postgres -- psql",
+            f"CREATE ROLE plantstore LOGIN PASSWORD '{password}'",
+        )
+        standby.mkdir()  # the standby host's own cluster, which the doc removes
+        shutil.chown(standby, "postgres")
+        for line in block[1].splitlines():
+            if hba := re.fullmatch(r"#\s+(host replication .*)", line):
+                with (primary / "pg_hba.conf").open("a") as conf:
+                    conf.write(hba[1].replace("10.0.0.0/24", "127.0.0.1/32") + "\n")
+            if not line.strip() or line.startswith("#"):
+                continue
+            line = (
+                line.replace("/var/lib/postgresql/15/main", str(standby))
+                .replace("db1.internal", "127.0.0.1")
+                .replace("sudo -u postgres ", "runuser -u postgres -- ")
+                .replace("sudo systemctl stop postgresql", "true")  # it is not running
+                .replace(
+                    "sudo systemctl start postgresql",
+                    pg_ctl(standby, "start", free_port()),
+                )
+            )
+            assert "sudo" not in line, line
+            run(line, f"{password}\n" * (2 if "--pwprompt" in line else 1))
+        # the last line again, until the standby streams, as the doc says
+        synchronous = re.compile(r"^ \S+ +\| sync$", re.M)
+        wait_until(lambda: synchronous.search(run(line)), "no synchronous standby")
+    finally:
+        for data in standby, primary:
+            with contextlib.suppress(AssertionError):
+                run(pg_ctl(data, "stop"))
+        shutil.rmtree(folder, ignore_errors=True)

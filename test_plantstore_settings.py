@@ -15,6 +15,8 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,17 +40,21 @@ from testbed import (
     TOKEN,
     WAIT,
     assert_secret_kept,
+    doc_text,
     environ_without_tokens,
     free_port,
     make_read_only,
     over_http,
     post,
     post_over_http,
+    processes_in_group,
     raw_request,
     read_status,
     run_plantstore,
+    start_nginx,
     stored_plants,
     wait_listening,
+    wait_until,
 )
 
 
@@ -1073,7 +1079,7 @@ def unit_text(name, every_secret=False, two_workers=False):
         assert count == 4, f"deploy/{name}: its commented credentials changed"
     if two_workers:
         if name == "plantstore.service":  # as its CHANGE comment says
-            changed = text.replace("-w 1 --threads 8 -b", "-w 2 --threads 4 -b")
+            changed = text.replace("-w 1 --threads 8 ", "-w 2 --threads 4 ")
         else:
             sqlite = re.search(r"^# SQLite: (ExecStart=.*)$", text, re.M)[1]
             changed = re.sub(r"^ExecStart=.*$", sqlite, text, count=1, flags=re.M)
@@ -1082,14 +1088,14 @@ def unit_text(name, every_secret=False, two_workers=False):
     return text
 
 
-def unit_service_settings(text):
-    """The [Service] section of a unit: {setting: [each value, in order]}."""
-    settings, section = {}, None
+def unit_settings(text, section="[Service]"):
+    """A section of a unit: {setting: [each value, in order]}."""
+    settings, current = {}, None
     for line in text.replace("\\\n", " ").splitlines():
         line = line.strip()
         if line.startswith("["):
-            section = line
-        elif line and line[0] not in "#;" and section == "[Service]":
+            current = line
+        elif line and line[0] not in "#;" and current == section:
             name, _, value = line.partition("=")
             settings.setdefault(name.strip(), []).append(value.strip())
     return settings
@@ -1097,7 +1103,7 @@ def unit_service_settings(text):
 
 def restart_prevented(name):
     """The exit statuses after which systemd does not restart the unit."""
-    settings = unit_service_settings(unit_text(name))
+    settings = unit_settings(unit_text(name))
     assert settings["Restart"] == ["on-failure"]  # any other status is restarted
     return {
         int(status)
@@ -1106,22 +1112,59 @@ def restart_prevented(name):
     }
 
 
-def start_unit(spawn, folder, text, credentials, environment_file=""):
-    """Run the unit's ExecStart as systemd would hand it its settings, as root: a
-    clean environment with its Environment= and EnvironmentFile=, the files of its
-    LoadCredential= copied into a credentials directory (%d), its WorkingDirectory.
-    The paths of the unit are under `folder`, as a root; /opt/plantstore/bin is this
-    venv's, and the port a free one. credentials: {id: what the operator's file holds}.
+def required_sockets(text):
+    """The .socket units (of deploy/) the unit requires."""
+    required = " ".join(unit_settings(text, "[Unit]").get("Requires", [])).split()
+    return [name for name in required if name.endswith(".socket")]
 
-    The answer has the process, its port, the credentials directory, and the socket
-    a Type=notify service tells it is ready on."""
+
+def unit_socket(text):
+    """The socket of a .socket unit the unit requires, listening as systemd holds it
+    (its ListenStream=, on a free port); None for a unit that requires none."""
+    names = required_sockets(text)
+    if not names:
+        return None
+    [name] = names
+    [address] = unit_settings((HERE / "deploy" / name).read_text(), "[Socket]")[
+        "ListenStream"
+    ]
+    host, _, port = address.rpartition(":")
+    assert port == "8000", address
+    listening = socket.socket()
+    listening.bind((host, 0))
+    listening.listen(socket.SOMAXCONN)
+    return listening
+
+
+def start_unit(
+    spawn,
+    folder,
+    text,
+    credentials,
+    environment_file="",
+    *,
+    held=None,
+    home=None,
+):
+    """Run the unit's ExecStart as systemd would hand it its settings: a clean
+    environment with its Environment= and EnvironmentFile=, the files of its
+    LoadCredential= copied into a credentials directory (%d), its WorkingDirectory, and
+    the socket of the .socket unit it requires as fd 3 (LISTEN_FDS): `held`, kept open
+    across restarts as systemd keeps it, or a new one. The paths of the unit are under
+    `folder`, as a root; /opt/plantstore/bin is this venv's, and the port a free one.
+    credentials: {id: what the operator's file holds}. As root, its HOME the state
+    directory, as the recipe's useradd makes it, or `home`.
+
+    The answer has the process, its port, the credentials directory, the socket a
+    Type=notify service tells it is ready on, and the socket it was handed."""
     import shlex  # here, not at the top: this section is one block
 
     def root(path):
         return folder / path.lstrip("/")
 
-    settings = unit_service_settings(text)
+    settings = unit_settings(text)
     creds = folder / "run" / "credentials" / "unit"
+    shutil.rmtree(creds, ignore_errors=True)  # made anew at each start
     creds.mkdir(parents=True)
     loaded = {}
     for line in settings.get("LoadCredential", []):
@@ -1136,12 +1179,12 @@ def start_unit(spawn, folder, text, credentials, environment_file=""):
     assert set(loaded) == set(credentials), f"the unit loads {sorted(loaded)}"
     creds.chmod(0o500)
     state = root("/var/lib") / settings["StateDirectory"][0]
-    state.mkdir(parents=True)
+    state.mkdir(parents=True, exist_ok=True)
     assert settings["WorkingDirectory"] == [f"/var/lib/{state.name}"]
     env = {  # what systemd gives every service, and what its settings add
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin",
         "LANG": "C.UTF-8",
-        "HOME": str(state),
+        "HOME": str(home or state),
         "CREDENTIALS_DIRECTORY": str(creds),
         "STATE_DIRECTORY": str(state),
     }
@@ -1164,21 +1207,66 @@ def start_unit(spawn, folder, text, credentials, environment_file=""):
     env["PYTHONPATH"] = str(HERE)
     notify = None
     if settings.get("Type") == ["notify"]:  # systemd waits for READY=1
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(folder / "notify"))
-        notify.settimeout(WAIT)
-        env["NOTIFY_SOCKET"] = str(folder / "notify")
+        notify = notify_socket(folder)
+        env["NOTIFY_SOCKET"] = notify.getsockname()
     [command] = settings["ExecStart"]
-    argv, port = shlex.split(command), free_port()
+    argv = shlex.split(command)
     assert argv[0].startswith("/opt/plantstore/bin/"), argv[0]
     argv[0] = str(Path(sys.executable).parent / Path(argv[0]).name)
+    argv = [shutil.which("env"), "-C", str(state), *argv]
     ports = [
         n for n, word in enumerate(argv) if re.fullmatch(r"(127.0.0.1:)?8000", word)
     ]
-    assert len(ports) == 1, argv
-    argv[ports[0]] = argv[ports[0]].replace("8000", str(port))
-    process = spawn([shutil.which("env"), "-C", str(state), *argv], env)
-    return SimpleNamespace(process=process, port=port, creds=creds, notify=notify)
+    held = held or unit_socket(text)
+    if held:
+        assert not ports, f"the unit binds a port of its own: {argv}"
+        argv, port = handing(held, argv), held.getsockname()[1]
+        env["LISTEN_FDS"] = "1"
+    else:
+        assert len(ports) == 1, argv
+        port = free_port()
+        argv[ports[0]] = argv[ports[0]].replace("8000", str(port))
+    process = spawn(argv, env, pass_fds=(held.fileno(),) if held else ())
+    return SimpleNamespace(
+        process=process, port=port, creds=creds, notify=notify, held=held
+    )
+
+
+def notify_socket(folder):
+    """systemd's NOTIFY_SOCKET, made anew at each start, on which a Type=notify service
+    says READY=1."""
+    (folder / "notify").unlink(missing_ok=True)  # the last start's
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(folder / "notify"))
+    notify.settimeout(WAIT)
+    return notify
+
+
+def handing(held, argv):
+    """The command argv, run so that it gets the socket `held` as systemd hands a
+    socket to a service: as fd 3, with LISTEN_PID the process id it runs as."""
+    fd = held.fileno()
+    handed = f"exec 3<&{fd} {fd}<&-\n" if fd != 3 else ""
+    return ["bash", "-c", handed + 'LISTEN_PID=$$ exec "$@"', "bash", *argv]
+
+
+def ready(service):
+    """Wait for the service to say it is ready, as systemctl start waits for READY=1
+    of a Type=notify service; a Type=exec one, until it listens."""
+    if service.notify:
+        assert service.notify.recv(4096).startswith(b"READY=1")
+        service.notify.close()
+    wait_listening(service.process, service.port)
+
+
+def stop_unit(service):
+    """systemctl stop, as KillMode=mixed does it: SIGTERM to the main process, then,
+    once it has exited, SIGKILL to every process left. Return its exit status."""
+    service.process.send_signal(signal.SIGTERM)
+    status = service.process.wait(WAIT)
+    if processes_in_group(service.process.pid):
+        os.killpg(service.process.pid, signal.SIGKILL)
+    return status
 
 
 @pytest.mark.parametrize(
@@ -1197,9 +1285,7 @@ def test_secrets_each_unit_serves_with_its_credentials_as_systemd_hands_them(
     service = start_unit(
         spawn, tmp_path, unit_text(unit, every_secret), credentials, environment_file
     )
-    if service.notify:
-        assert service.notify.recv(4096).startswith(b"READY=1")
-        service.notify.close()
+    ready(service)
     wait_listening(service.process, service.port)
     created = post_over_http(
         "127.0.0.1", service.port, UNIT_TOKEN, {"id": 1, "name": "Fern"}
@@ -1212,8 +1298,7 @@ def test_secrets_each_unit_serves_with_its_credentials_as_systemd_hands_them(
     if every_secret:
         assert hook.wait_for(1) == [{"id": 1, "name": "Fern"}]
         assert stored_plants(pg_url) == {1: "Fern"}
-    service.process.send_signal(signal.SIGTERM)  # systemctl stop
-    assert service.process.wait(WAIT) == 0
+    assert stop_unit(service) == 0
     said = service.process.stdout.read() + service.process.stderr.read()
     for secret in UNIT_TOKEN, SECRET, SECRET.removeprefix("whsec_"), password:
         assert not secret or secret not in said
@@ -1257,14 +1342,246 @@ def test_secrets_systemd_analyze_verifies_each_unit(tmp_path, unit, every_secret
         "/opt/plantstore/bin/", f"{Path(sys.executable).parent}/"
     )
     (tmp_path / unit).write_text(text)
+    sockets = required_sockets(text)
+    for name in sockets:  # beside it, as it requires them, and verified with it
+        shutil.copy(HERE / "deploy" / name, tmp_path)
     done = subprocess.run(
-        [analyze, "verify", str(tmp_path / unit)],
+        [
+            analyze,
+            "verify",
+            str(tmp_path / unit),
+            *(str(tmp_path / s) for s in sockets),
+        ],
         capture_output=True,
         text=True,
         timeout=WAIT,
         cwd=tmp_path,
     )
     assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_each_unit_keeps_the_in_memory_plants_at_a_reload(spawn, tmp_path, unit):
+    """systemctl reload of each unit as shipped, the in-memory store: systemd runs its
+    ExecReload= with $MAINPID (a unit without one refuses the reload, and nothing runs),
+    and the workers it replaces are waited out. Every plant is still listed (gunicorn's
+    HUP made a new worker, and an empty store: issue 57)."""
+    import shlex  # this section's
+
+    text = unit_text(unit)
+    service = start_unit(spawn, tmp_path, text, {"tokens": UNIT_TOKEN + "\n"})
+    ready(service)
+    address = "127.0.0.1", service.port
+    for plant_id in range(10):
+        document = {"id": plant_id, "name": f"plant {plant_id}"}
+        assert post_over_http(*address, UNIT_TOKEN, document)[0] == 200
+    main = service.process.pid
+    workers = set(processes_in_group(main)) - {main}
+    for command in unit_settings(text).get("ExecReload", []):
+        subprocess.run(
+            shlex.split(command.replace("$MAINPID", str(main))),
+            check=True,
+            timeout=WAIT,
+        )
+        wait_until(
+            lambda: not workers & set(processes_in_group(main)),
+            "the reload's old workers are still there",
+        )
+    status, plants = over_http(*address, UNIT_TOKEN, "GET", "/plants")
+    assert (status, len(plants)) == (200, 10), plants
+    assert stop_unit(service) == 0
+
+
+def test_the_gunicorn_unit_makes_no_control_socket_in_its_home(spawn, tmp_path):
+    """deploy/plantstore.service twice, with one HOME (one user's two instances), and
+    once with a HOME that cannot be written: gunicorn 27 makes its control socket in
+    $HOME/.gunicorn, one path for both, and says [ERROR] at each start where it cannot.
+    Each serves; none makes anything in HOME, or says an error."""
+    home = tmp_path / "home"
+    home.mkdir()
+    text = unit_text("plantstore.service")
+    services = [
+        start_unit(spawn, tmp_path / name, text, {"tokens": UNIT_TOKEN + "\n"}, home=at)
+        for name, at in [("one", home), ("two", home), ("three", Path("/dev/null"))]
+    ]
+    for service in services:
+        ready(service)
+        document = {"id": 1, "name": "Fern"}
+        assert post_over_http("127.0.0.1", service.port, UNIT_TOKEN, document)[0] == 200
+    for service in services:  # gunicorn stops its control socket first, if it has one
+        assert stop_unit(service) == 0
+        said = service.process.stdout.read() + service.process.stderr.read()
+        assert "[ERROR]" not in said and "control socket" not in said.lower(), said
+    assert not list(home.iterdir()), list(home.iterdir())
+
+
+def test_gunicorn_logging_conf_where_it_says_is_read_by_the_unit_s_user(
+    spawn, tmp_path
+):
+    """deploy/gunicorn-logging.conf installed where its first line says, with
+    /etc/plantstore root's alone as the recipe makes it: an unprivileged user, as User=
+    runs the unit, reads it (1.5.0's first line named a path in /etc/plantstore, and
+    gunicorn exited 1); the unit's ExecStart given --log-config as its comment says
+    serves, its start line stamped. The unit's comment and docs/deploy.md name the
+    same path."""
+    conf = (HERE / "deploy" / "gunicorn-logging.conf").read_text()
+    path = re.search(r"--log-config (/\S+)", conf.splitlines()[0])[1]
+    named = [
+        found[1].rstrip(",")
+        for text in [unit_text("plantstore.service"), doc_text("docs/deploy.md")]
+        for found in re.finditer(r"(?:--log-config|gunicorn-logging.conf) (/\S+)", text)
+    ]
+    root = Path(tempfile.mkdtemp(prefix="plantstore-unit-"))  # nobody enters it
+    try:
+        root.chmod(0o755)
+        (root / "etc" / "plantstore").mkdir(parents=True, mode=0o700)
+        installed = root / path.lstrip("/")
+        shutil.copyfile(HERE / "deploy" / "gunicorn-logging.conf", installed)
+        installed.chmod(0o644)  # as the recipe's install -m 644
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        read = subprocess.run(
+            [*nobody, "cat", installed], capture_output=True, text=True, timeout=WAIT
+        )
+        assert read.stdout == conf, read.stderr
+        text = re.sub(
+            r"^(ExecStart=.*) plantstore:app$",
+            rf"\1 --log-config {installed} plantstore:app",
+            unit_text("plantstore.service"),
+            flags=re.M,
+        )
+        service = start_unit(spawn, tmp_path, text, {"tokens": UNIT_TOKEN + "\n"})
+        stamped = r"^\[\d{4}-\d\d-\d\d [\d:]+ [+-]\d{4}\] \[\d+\] \[INFO\] plantstore: "
+        Lines(service.process.stderr).until(stamped + "version")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    document = {"id": 1, "name": "Fern"}
+    assert post_over_http("127.0.0.1", service.port, UNIT_TOKEN, document)[0] == 200
+    assert stop_unit(service) == 0
+    assert set(named) == {path}, named
+
+
+NEW_TOKEN = "unit-token-5-Vb3Nm7Kq1Ws"  # the token a rotation brings in
+
+
+def rotation_steps():
+    """docs/deploy.md's token rotation, checked to be the steps the test takes in turn:
+    the tokens' file edited (the new token added), a restart, clients moved, the file
+    edited (the old one removed), a restart. Return the block."""
+    block = re.search(
+        r"<!-- token rotation -->\n```sh\n(.*?)```\n",
+        (HERE / "docs" / "deploy.md").read_text(),
+        re.S,
+    )
+    assert block, "docs/deploy.md has no token rotation: update this test"
+    steps = [
+        re.sub(r"\s+#\s*", " # ", line).split(" # ")[0] + (" add" * ("add" in line))
+        for line in block[1].splitlines()
+        if not line.startswith("#")
+    ]
+    edit, restart = (
+        "sudoedit /etc/plantstore/tokens",
+        "sudo systemctl restart plantstore",
+    )
+    assert steps == [f"{edit} add", restart, edit, restart], steps
+    return block[1]
+
+
+def test_tokens_rotate_as_deploy_md_says_with_no_401_and_no_502(spawn, tmp_path):
+    """docs/deploy.md's rotation under deploy/plantstore.service (gunicorn -w 2,
+    SQLite) behind nginx, while clients send GETs and creates with each token: no
+    answer but 200 and 401, none a 502; the new token gets no 401 once the restart that
+    brings it in returns, the old one none before the restart that takes it out, and
+    only 401s once that returns. systemd held the socket across each restart, so that
+    requests sent while no gunicorn ran waited and were answered; every create
+    answered 200 is in the file."""
+    rotation_steps()
+    text = unit_text("plantstore.service", two_workers=True)
+    database = tmp_path / "var" / "lib" / "plantstore" / "plants.sqlite3"
+    settings = f"PLANTSTORE_DB={database}\n"
+
+    def start(*tokens, held=None):
+        tokens = {"tokens": "".join(f"{token}\n" for token in tokens)}
+        service = start_unit(spawn, tmp_path, text, tokens, settings, held=held)
+        ready(service)  # systemctl returns
+        returned, err = time.monotonic(), Lines(service.process.stderr)
+        # each of the 2 workers built its app, so has its signal handlers: gunicorn
+        # loses a SIGTERM that comes between a worker's fork and them, and that worker
+        # serves on until the graceful timeout (30 s) kills it
+        for _ in range(2):
+            err.until(r"plantstore: version")
+        return service, returned
+
+    service, _ = start(UNIT_TOKEN)
+    (tmp_path / "nginx").mkdir()
+    port = start_nginx(spawn, tmp_path / "nginx", [f"127.0.0.1:{service.port}"])
+    answers, stop = [], threading.Event()  # each: token, sent, answered, status, id
+    tokens = {UNIT_TOKEN: "old", NEW_TOKEN: "new"}
+
+    def client(token, plant_id):
+        while not stop.is_set():
+            sent, plant_id = time.monotonic(), plant_id + 1
+            try:
+                if plant_id % 2:
+                    listing = "GET", "/plants?limit=1"
+                    status = over_http("127.0.0.1", port, token, *listing)[0]
+                else:
+                    document = {"id": plant_id, "name": "Fern"}
+                    status = post_over_http("127.0.0.1", port, token, document)[0]
+            except OSError as error:
+                status = repr(error)
+            answers.append((tokens[token], sent, time.monotonic(), status, plant_id))
+
+    def answered(token, after):
+        return sum(a[0] == token and a[1] > after for a in answers)
+
+    clients = [
+        threading.Thread(target=client, args=(token, n * 10**6))
+        for n, token in enumerate([*tokens] * 2)
+    ]
+    for thread in clients:
+        thread.start()
+    try:
+        began = time.monotonic()
+        wait_until(lambda: answered("new", began) >= 10, "no answers")
+        restarts = []
+        for kept in (UNIT_TOKEN, NEW_TOKEN), (NEW_TOKEN,):  # each edit, then restart
+            stopping = time.monotonic()
+            assert stop_unit(service) == 0
+            stopped = time.monotonic()
+            service, returned = start(*kept, held=service.held)
+            restarts.append((stopping, stopped, returned))
+            wait_until(lambda at=returned: answered("old", at) >= 10, "no answers")
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(WAIT)
+    assert stop_unit(service) == 0
+    (_, _, brought_in), (taking_out, _, taken_out) = restarts
+
+    def wrong(token, sent, done, status, _):
+        return (
+            status not in (200, 401)
+            or (token == "new" and sent > brought_in and status != 200)
+            or (token == "old" and done < taking_out and status != 200)
+            or (token == "old" and sent > taken_out and status != 401)
+        )
+
+    # what went wrong, and when, in seconds from the start, as the restarts
+    timeline = [[round(at - began, 3) for at in restart] for restart in restarts]
+    said = [
+        (token, round(sent - began, 3), round(done - began, 3), status)
+        for token, sent, done, status, _ in answers
+        if wrong(token, sent, done, status, _)
+    ]
+    assert not said, f"{said} (restarts: {timeline})"
+    # a request under way while no gunicorn answered, which waited for the next one
+    assert any(
+        sent < returned and done > stopped
+        for _, sent, done, _, _ in answers
+        for _, stopped, returned in restarts
+    ), timeline
+    created = {a[4] for a in answers if a[3] == 200 and a[4] % 2 == 0}
+    assert created and created <= set(stored_plants(str(database))), "creates lost"
 
 
 # ---- python plantstore.py, as a new user runs it ----

@@ -102,7 +102,7 @@ def spawn():
     """Start subprocesses in this folder; always kill the ones still running."""
     processes = []
 
-    def start(args, env, cwd=HERE):
+    def start(args, env, cwd=HERE, pass_fds=()):
         process = subprocess.Popen(
             args,
             cwd=cwd,
@@ -112,6 +112,7 @@ def spawn():
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            pass_fds=pass_fds,  # a listening socket a test holds, as systemd does
         )
         processes.append(process)
         return process
@@ -479,6 +480,7 @@ def start_gunicorn(
             str(workers),
             "--threads",
             str(threads),
+            "--no-control-socket",  # as the docs run it: no $HOME/.gunicorn of root's
             *options,
             "-b",
             f"{address}:0",

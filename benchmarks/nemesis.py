@@ -152,9 +152,8 @@ FAULTS = {
         seconds=(0, 0),
         root=False,
         default=True,
-        does="the reload command of deploy/plantstore.service (gunicorn: kill -s HUP "
-        "$MAINPID), as systemctl reload runs it; not under granian, whose unit has "
-        "none",
+        does="gunicorn's reload, SIGHUP to its master (kill -HUP by hand: the units "
+        "ship no ExecReload, which emptied the in-memory store); not under granian",
     ),
     "power-loss": Fault(
         target="server",
@@ -418,17 +417,11 @@ class Server:
             self.start()  # if it cannot boot, the watch says so, and starts it again
 
     def reload(self):
-        """deploy/plantstore.service's ExecReload, $MAINPID the master's; return once
-        the master has as many workers as before, none of them an old one."""
-        unit = (ROOT / "deploy" / "plantstore.service").read_text()
-        command = re.search(r"^ExecReload=(.*)$", unit, re.M)[1]
+        """gunicorn's reload, SIGHUP to its master; return once the master has as many
+        workers as before, none of them an old one."""
         with self.lock:
             before = set(children(self.process.pid))
-            subprocess.run(
-                command.replace("$MAINPID", str(self.process.pid)).split(),
-                check=True,
-                timeout=WAIT,
-            )
+            os.kill(self.process.pid, signal.SIGHUP)
             deadline = time.monotonic() + WAIT
             while not (
                 len(now := set(children(self.process.pid))) >= self.workers
@@ -1604,7 +1597,7 @@ def parse(argv):
             if options.store not in FAULTS[kind].stores:
                 parser.error(f"{kind} is a fault of {'/'.join(FAULTS[kind].stores)}")
         if "reload-server" in options.faults and options.server == "granian":
-            parser.error("granian's unit has no reload: reload-server is gunicorn's")
+            parser.error("reload-server is gunicorn's SIGHUP, not granian's")
         if "clock-step" in options.faults and options.app_hosts == 1:
             parser.error("clock-step steps the second app host's clock: --app-hosts 2")
     rooted = [kind for kind in options.faults if FAULTS[kind].root]

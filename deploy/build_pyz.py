@@ -3,7 +3,7 @@ library's zipapp from the modules setup.cfg lists (py_modules), as they stand.
 
     python deploy/build_pyz.py                   # writes dist/plantstore.pyz
     python dist/plantstore.pyz --port 8000       # runs it, as python plantstore.py
-    gunicorn --pythonpath dist/plantstore.pyz plantstore:app
+    gunicorn --no-control-socket --pythonpath dist/plantstore.pyz plantstore:app
     PYTHONPATH=dist/plantstore.pyz granian --interface wsgi plantstore:app
 
 Python imports from a .pyz as from a folder (zipimport), so the servers find
