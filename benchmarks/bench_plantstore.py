@@ -44,6 +44,7 @@ slow minute of the machine slows both sides of a ratio, so it does not move it.
 """
 
 import argparse
+import configparser
 import contextlib
 import glob
 import io
@@ -728,30 +729,37 @@ def baseline_source(ref, folder):
     return found[1] if found else ref[:12]
 
 
+def git_show(commit, name):
+    """A file as it was at a commit, or None."""
+    shown = subprocess.run(
+        ["git", "-C", str(HERE.parent), "show", f"{commit}:{name}"],
+        capture_output=True,
+        text=True,
+    )
+    return shown.stdout if shown.returncode == 0 else None
+
+
 def contender_source(source, folder):
     """Make `folder` the tree of an --against contender and return its label: `source`
-    is a git commit (its plantstore.py, and its plantstore_postgres.py if it has one) or
-    the path of a copy of plantstore.py (beside this checkout's plantstore_postgres.py),
-    such as a change tried alone."""
+    is a git commit (its plantstore.py and every module its setup.cfg lists, or
+    plantstore_postgres.py where it lists none) or the path of a copy of plantstore.py,
+    such as a change tried alone, beside this checkout's other modules."""
     os.makedirs(folder)
     if os.path.isfile(source):
+        for module in HERE.parent.glob("plantstore_*.py"):
+            shutil.copyfile(module, Path(folder, module.name))
         shutil.copyfile(source, Path(folder, "plantstore.py"))
-        shutil.copyfile(
-            HERE.parent / "plantstore_postgres.py",
-            Path(folder, "plantstore_postgres.py"),
-        )
         path = Path(source)
         return path.stem if path.name != "plantstore.py" else path.parent.name
-    for name in "plantstore.py", "plantstore_postgres.py":
-        shown = subprocess.run(
-            ["git", "-C", str(HERE.parent), "show", f"{source}:{name}"],
-            capture_output=True,
-            text=True,
-        )
-        if shown.returncode == 0:
-            Path(folder, name).write_text(shown.stdout)
-        elif name == "plantstore.py":
-            raise SystemExit(f"--against {source}: neither a file nor a git commit")
+    setup = configparser.ConfigParser()
+    setup.read_string(git_show(source, "setup.cfg") or "[options]\n")
+    listed = setup["options"].get("py_modules", "").replace(",", " ").split()
+    for name in {*(f"{name}.py" for name in listed), "plantstore_postgres.py"}:
+        if (text := git_show(source, name)) is not None:
+            Path(folder, name).write_text(text)
+    if git_show(source, "plantstore.py") is None:
+        raise SystemExit(f"--against {source}: neither a file nor a git commit")
+    Path(folder, "plantstore.py").write_text(git_show(source, "plantstore.py"))
     return source[:12]
 
 
