@@ -3,13 +3,13 @@ a log without secrets, JSON for broken HTTP, and a clean stop.
 """
 
 import os
+import re
 import signal
 import socket
 import socketserver
 import sys
 import threading
 import time
-from urllib.parse import urlsplit
 
 from plantstore import JSON_TYPE, RequestHandler, Server
 from plantstore_log import log_line
@@ -33,9 +33,8 @@ class _RequestHandler(RequestHandler):
     def parse_request(self):
         if not super().parse_request():
             return False
-        if self.path.startswith(("http://", "https://")):  # RFC 9112, 3.2.2
-            # the absolute form: its path and query alone
-            self.path = urlsplit(self.path)._replace(scheme="", netloc="").geturl()
+        # the absolute form (RFC 9112, 3.2.2): its path and query alone
+        self.path = re.sub("^https?://[^/?#]*", "", self.path)
         return True
 
     def log_request(self, code="-", size="-"):
