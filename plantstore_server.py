@@ -18,17 +18,12 @@ CLIENT_TIMEOUT = 10  # seconds the embedded server waits on a silent client
 
 
 class _RequestHandler(RequestHandler):
-    """The core's request handler, with a socket timeout and a log without secrets."""
+    """The core's request handler, with a log without secrets, JSON for broken HTTP."""
 
     # http.server's own answers to broken HTTP (400, 414, 431) as Error JSON: `explain`
     # is its fixed text for the status (send_error below keeps it so).
     error_content_type = JSON_TYPE
     error_message_format = '{"error": %(code)d, "message": "%(explain)s"}'
-
-    def setup(self):
-        # a silent client cannot hold its thread
-        self.timeout = self.server.client_timeout
-        super().setup()
 
     def parse_request(self):
         if not super().parse_request():
@@ -54,8 +49,8 @@ class _RequestHandler(RequestHandler):
 
 
 class _Server(Server):
-    """The core's server, a thread per connection, with a backlog for bursts and a clean
-    stop; finish() waits for the requests under way."""
+    """The core's server, a thread per connection, with a timeout on each, a backlog for
+    bursts and a clean stop; finish() waits for the requests under way."""
 
     # listen backlog: a burst of connects waits here, not refused
     request_queue_size = 1024
@@ -75,6 +70,7 @@ class _Server(Server):
         self.setup_environ()
 
     def process_request(self, request, client_address):
+        request.settimeout(self.client_timeout)  # a silent client holds no thread long
         with self.in_flight_changed:
             self.in_flight += 1
         super().process_request(request, client_address)
