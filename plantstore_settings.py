@@ -24,7 +24,7 @@ def setting(environ, name):
     if path is None:
         return environ.get(name)
     if name in environ:
-        raise ValueError(f"{name} and {name}_FILE ({path}) are both set: set one")
+        raise ValueError(f"{name}_FILE ({path}) and {name} are both set: set one")
     try:
         data = read_setting_file(path)
         if data.startswith(b"SQLite format 3\0"):  # the database, not its address

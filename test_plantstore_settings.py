@@ -839,6 +839,21 @@ def test_secrets_a_refused_value_read_from_a_file_names_the_file(
     assert_secret_kept(ran.stderr)
 
 
+@pytest.mark.parametrize(
+    "name", ["PLANTSTORE_TOKENS", "PLANTSTORE_DB", "PLANTSTORE_WEBHOOK_SECRET"]
+)
+def test_secrets_a_setting_given_both_ways_is_refused_naming_each_way_once(
+    tmp_path, name
+):
+    path = secret_file(tmp_path / "setting", "value\n")
+    environ = {"PLANTSTORE_TOKENS": TOKEN, name: "value", f"{name}_FILE": str(path)}
+    with pytest.raises(ValueError) as refusal:
+        plantstore_app.app_from_environ(environ)
+    said = str(refusal.value)
+    assert "both set" in said and said.count(str(path)) == 1, said
+    assert sorted(re.findall(rf"{name}\w*", said)) == [name, f"{name}_FILE"], said
+
+
 def test_secrets_gunicorn_with_two_workers_stops_on_a_bad_file_booting_each_once(
     spawn, tmp_path
 ):
