@@ -12,15 +12,17 @@ def browser_origin(origin):
     match = re.fullmatch(
         r"(https?)://([a-z0-9_.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?", origin.lower()
     )
-    port = match and match[3] and int(match[3])
-    if not match or port is not None and not 0 < port < 65536:
+    if not match or match[3] and not 0 < int(match[3]) < 65536:
         raise ValueError(
             "each origin in PLANTSTORE_CORS_ORIGINS must be one a browser sends, as "
             "https://example.org or http://localhost:3000: a port from 1 to 65535 "
             "if any, no path, no trailing slash, no *"
         )
-    default = port in (None, {"http": 80, "https": 443}[match[1]])
-    return f"{match[1]}://{match[2]}" + ("" if default else f":{port}")
+    scheme, host, port = match.groups()
+    origin = f"{scheme}://{host}"
+    if port and int(port) != {"http": 80, "https": 443}[scheme]:  # not the default
+        origin += f":{int(port)}"
+    return origin
 
 
 def receiver_origin(url):
