@@ -299,7 +299,9 @@ def postgres_settings(conninfo):
         ) from None
     hosts = parameters.get("host", parameters.get("hostaddr", "")).split(",")
     ports = parameters.get("port", "").split(",")
-    if len(ports) not in (1, len(hosts)) or not all(
+    if len(ports) == 1:  # one port for all the hosts
+        ports *= len(hosts)
+    if len(ports) != len(hosts) or not all(
         re.fullmatch("[0-9]{1,5}", port) and 0 < int(port) < 65536
         for port in ports
         if port
@@ -308,7 +310,6 @@ def postgres_settings(conninfo):
             "PLANTSTORE_DB: each port must be a number from 1 to 65535, "
             "one for every host or one for all"
         )
-    ports = ports * len(hosts) if len(ports) == 1 else ports
     where = ",".join(
         (f"[{host}]" if ":" in host else quote(host, safe="")) + (port and f":{port}")
         for host, port in zip(hosts, ports, strict=True)
