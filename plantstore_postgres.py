@@ -331,7 +331,7 @@ def check_url(conninfo):
         database = path.partition("?")[0]
         if (
             authority.count("@") > 1
-            or re.search("[?#]", user_info)
+            or "?" in user_info
             or "@" in database
             or "#" in conninfo
         ):
