@@ -215,6 +215,8 @@ class PostgresStore(SQLStore):
         all. One given up on is closed once made; at most POOL_SIZE are made at once."""
         until = min(deadline, time.monotonic() + CONNECT_SECONDS)
         making, made = self._state().making, concurrent.futures.Future()
+        if not making.acquire(timeout=until - time.monotonic()):
+            raise psycopg.OperationalError("no connection in time")
 
         def make():
             try:
@@ -225,10 +227,9 @@ class PostgresStore(SQLStore):
                 )
             except Exception as error:
                 made.set_exception(error)
+            finally:
+                making.release()  # the place taken above, once the connect is over
 
-        if not making.acquire(timeout=until - time.monotonic()):
-            raise psycopg.OperationalError("no connection in time")
-        made.add_done_callback(lambda _: making.release())
         maker = threading.Thread(target=make, name="plantstore-connect", daemon=True)
         maker.start()
         try:
