@@ -85,6 +85,12 @@ class PostgresStore(SQLStore):
         "keepalives_count": 2,
         "tcp_user_timeout": DB_WAIT_SECONDS * 1000,
     }
+    # away, or taking no writes (a standby, a demoted primary: SQLSTATE 25006)
+    outages = (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+        psycopg.errors.ReadOnlySqlTransaction,
+    )
 
     def __init__(self, conninfo):
         self.parameters, name = postgres_settings(conninfo)
@@ -92,12 +98,6 @@ class PostgresStore(SQLStore):
             "plantstore-watchdog", self._watch, stops_for_fork=False
         )
         super().__init__(name)
-        # away, or taking no writes (a standby, a demoted primary: SQLSTATE 25006)
-        self.outages = (
-            psycopg.OperationalError,
-            psycopg.InterfaceError,
-            psycopg.errors.ReadOnlySqlTransaction,
-        )
         try:
             self.open_at_start()
         except psycopg.errors.InsufficientPrivilege as error:  # SQLSTATE 42501
@@ -108,8 +108,7 @@ class PostgresStore(SQLStore):
                 "them"
             ) from None
         except psycopg.Error as error:
-            refusal = self.refusal(error)
-            if refusal:
+            if refusal := self.refusal(error):
                 raise ValueError(f"PLANTSTORE_DB: {name}: {refusal}") from None
             if not isinstance(error, self.outages):
                 raise
