@@ -15,6 +15,18 @@ from plantstore_sqlite import SQLiteStore
 
 SETTING_FILE_BYTES = 65536  # the largest file a _FILE setting reads: a secret, a URL
 SETTING_FILE_SECONDS = 5  # the longest a _FILE setting's file or pipe may take to read
+# What makes PLANTSTORE_DB none of its forms, each with what its refusal says (it never
+# quotes the value), looked for before its form is read
+DB_MISTAKES = (
+    (
+        "^\ufeff",
+        "starts with a byte-order mark: save the file that sets it without one",
+    ),
+    # docker --env-file and systemd keep them
+    ("^['\"]", "starts with a quote: remove the quotes around it"),
+    (r"[\x00-\x1f\x7f]", "holds a control character"),
+    (r"^[A-Za-z][\w+.-]*//", "looks like a URL without the ':' after its scheme"),
+)
 
 
 def setting(environ, name):
@@ -87,9 +99,9 @@ def store_from_environ(environ=os.environ):
     PostgreSQL URL, a libpq string, an SQLite file's path; or None (in memory). The
     value is never quoted."""
     value = (setting(environ, "PLANTSTORE_DB") or "").strip()
-    problem = db_mistake(value)
-    if problem:
-        raise ValueError(f"PLANTSTORE_DB {problem}; it takes {DB_FORMS}")
+    for mistake, said in DB_MISTAKES:
+        if re.search(mistake, value):
+            raise ValueError(f"PLANTSTORE_DB {said}; it takes {DB_FORMS}")
     if re.match("(?i)postgres(ql)?://", value) or re.match(r"\w+\s*=", value):
         try:  # the module beside this file, with psycopg: the postgres extra
             from plantstore_postgres import PostgresStore
@@ -108,19 +120,6 @@ def store_from_environ(environ=os.environ):
             f"PLANTSTORE_DB takes {DB_FORMS}; unset it to keep the plants in memory"
         )
     return SQLiteStore(value) if value else None
-
-
-def db_mistake(value):
-    """What makes PLANTSTORE_DB none of its forms, or None; it is never quoted."""
-    if value.startswith("\ufeff"):
-        return "starts with a byte-order mark: save the file that sets it without one"
-    if value.startswith(("'", '"')):  # docker --env-file and systemd keep them
-        return "starts with a quote: remove the quotes around it"
-    if re.search(r"[\x00-\x1f\x7f]", value):
-        return "holds a control character"
-    if re.match(r"[A-Za-z][\w+.-]*//", value):
-        return "looks like a URL without the ':' after its scheme"
-    return None
 
 
 @contextlib.contextmanager
