@@ -4,6 +4,10 @@ and retried, from threads of the sender's own (plantstore_background.py's rule).
 
 import base64
 import contextlib
+
+# a webhook attempt's connect imports encodings.idna for its host name: imported
+# now, so that a fork during an attempt cannot leave that import's lock held
+import encodings.idna  # noqa: F401 (imported for that alone)
 import hmac
 import http.client
 import math

@@ -856,6 +856,36 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
 
 
+# A program that lists the modules its first delivery imports.
+DELIVERY_IMPORTS = """
+app = build("memory", sys.argv[1])
+before = set(sys.modules)
+assert create(app, 1) == "200 OK"
+app.webhook_sender.close()  # once what waits is sent
+say(imported=sorted(set(sys.modules) - before))
+"""
+
+
+def test_a_delivery_imports_nothing_so_no_fork_waits_on_an_import_lock(
+    spawn, receiver, tmp_path
+):
+    """Under gunicorn --preload the master's sender may have attempts under way as it
+    forks the workers. A module that an attempt's thread was importing then has its
+    import lock held in the child, by a thread the child does not have: each attempt
+    of the child's that imports it waits for ever. The first connect imported
+    encodings.idna (for the host), and a restart with events waiting left a worker
+    whose every attempt hung, its events late by their lease or a retry's 300 s (the
+    test above, once in two or three runs). So a delivery imports nothing: what it
+    needs comes with the module."""
+    hook = receiver()
+    process, out, _ = start_embedding(
+        spawn, tmp_path, "imports", DELIVERY_IMPORTS, hook.url
+    )
+    assert json.loads(out.until("imported").string) == {"imported": []}
+    assert hook.wait_for(1)[0]["id"] == 1
+    assert process.wait(WAIT) == 0
+
+
 @pytest.mark.parametrize(
     ("kind", "stop"),
     [
