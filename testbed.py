@@ -596,8 +596,8 @@ def serve_batches(spawn, server, database, db, **settings):
 FIRST_RETRY_AFTER = """\
 # Written by testbed.first_retry_after for one test: the webhook schedule's first step
 # shortened in every Python process started with this folder on PYTHONPATH, set as the
-# class is made, so before any app is built, whatever server imports plantstore, and
-# under `python plantstore.py` too, whose classes are __main__'s.
+# class is made in plantstore_webhooks, so before any app is built, whatever server
+# imports plantstore, and under `python plantstore.py` too.
 import builtins
 
 _build_class = builtins.__build_class__
@@ -605,7 +605,7 @@ _build_class = builtins.__build_class__
 
 def _build(function, name, /, *bases, **keywords):
     made = _build_class(function, name, *bases, **keywords)
-    if name == "WebhookSender" and made.__module__ in ("plantstore", "__main__"):
+    if name == "WebhookSender" and made.__module__ == "plantstore_webhooks":
         made.SCHEDULE = ({seconds!r}, *made.SCHEDULE[1:])
     return made
 
