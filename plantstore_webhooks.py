@@ -359,11 +359,10 @@ class WebhookSender:
                 state.probation[url] = now
                 if not events:
                     del state.probation[url]
-            # failing here, and idle here: another process may have sent its events
-            if (
-                self._store
-                and url in state.failing
-                and not (busy or events or self._execute(self.FAILED, url=url))
+            # failing here, idle here, and no event of it failed: another process
+            # sent them (with a SQL store)
+            if url in state.failing and not (
+                busy or events or self._execute(self.FAILED, url=url)
             ):
                 self._say_failing(state, url, None)
             for event in events:
