@@ -194,11 +194,14 @@ def main(argv=None):
             tokens = tokens_from_environ()
             if tokens is None:  # said to the one at the terminal, and in no log
                 tokens = [secrets.token_urlsafe(32)]
-                print(
-                    f"plantstore: PLANTSTORE_TOKENS is not set, so this run accepts one"
-                    f" new token: {tokens[0]}",
-                    file=sys.stderr,
-                )
+                try:
+                    print(
+                        "plantstore: PLANTSTORE_TOKENS is not set, so this run accepts"
+                        f" one new token: {tokens[0]}",
+                        file=sys.stderr,
+                    )
+                except OSError:  # a broken stderr: the run starts, its token unsaid
+                    pass
             server.set_app(app_from_environ(tokens=tokens))
         except ValueError as error:  # a bad setting: one line, and no server starts
             log_line(str(error), "error")

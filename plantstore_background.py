@@ -12,8 +12,9 @@ touches a thread, lock, socket or connection of the process it was forked from.
   of its waits ending within BACKGROUND_WAIT; one that waits on sockets alone
   (PostgreSQL's) goes on.
 - It ends with the process it serves: once every thread left is plantstore's own or a
-  daemon (a server has stopped, an embedding program has ended), it frees what it
-  holds, within a second, and the process's exit waits for that.
+  daemon (a server has stopped, an embedding program has ended), it finishes what its
+  unfinished() says is left, within a bound of its own, then frees what it holds; the
+  process's exit (Python's, which joins every thread that is no daemon) waits for it.
 """
 
 import os
@@ -45,9 +46,17 @@ class Background:
     threads = weakref.WeakSet()  # the threads of every Background, alive or not
 
     def __init__(
-        self, name, loop, prepare=lambda: None, *, stops_for_fork, child_delay=0
+        self,
+        name,
+        loop,
+        prepare=lambda: None,
+        *,
+        stops_for_fork,
+        child_delay=0,
+        unfinished=lambda: False,
     ):
         self.name, self.loop, self.prepare = name, loop, prepare
+        self.unfinished = unfinished
         self.stops_for_fork, self.child_delay = stops_for_fork, child_delay
         self._thread, self.stopping, self._wake = None, False, threading.Event()
         self._resume = False  # whether it ran when a fork came
@@ -67,7 +76,8 @@ class Background:
         """Start the thread, its first round `delay` seconds late (or at a wake())."""
         if not self.running():
             self.prepare()  # before the thread, and before a fork's child serves
-            self.stopping, self._wake = False, threading.Event()
+            self.stopping = self.ending = False
+            self._wake = threading.Event()
             self._thread = threading.Thread(
                 target=self._run, args=(delay,), name=self.name
             )
@@ -81,9 +91,10 @@ class Background:
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def stop(self):
+    def stop(self, finish=False):
+        """End the thread now (a fork's pause), or, with finish, as the process ends."""
         if self.running():
-            self.stopping = True
+            self.stopping, self.ending = not finish, finish
             self._wake.set()
             self._thread.join()
 
@@ -102,11 +113,15 @@ class Background:
         return self._serving()
 
     def _serving(self):
-        """Not stopped, and the process it serves goes on: some thread is alive that
-        is no daemon and not plantstore's."""
-        return not self.stopping and any(
-            thread.is_alive() and not thread.daemon and thread not in self.threads
-            for thread in threading.enumerate()
+        """Not stopped, and the process it serves goes on (some thread is alive that is
+        no daemon and not plantstore's) or, once it ends, has work unfinished()."""
+        return not self.stopping and (
+            not self.ending
+            and any(
+                thread.is_alive() and not thread.daemon and thread not in self.threads
+                for thread in threading.enumerate()
+            )
+            or self.unfinished()
         )
 
     def _run(self, delay):

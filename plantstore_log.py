@@ -4,7 +4,8 @@ A line for the operator (a start, an outage and its end, a receiver that fails) 
 through logging, to the logger "plantstore", once for each change of state, never for
 each attempt. A host's own configuration (gunicorn's --log-config, an embedding
 program's dictConfig) routes and formats them; with none, they go to stderr as
-"plantstore: ...", each in one write, so that the lines of several processes never mix.
+"plantstore: ...", each in one write, so that the lines of several processes never mix;
+a write that fails loses its line alone, as with logging's own handlers (handleError).
 A line that a request causes names its request id.
 """
 
@@ -26,8 +27,11 @@ class _Stderr(logging.Handler):
     def emit(self, record):
         # the handlers the record meets: this one, and the root's if it goes there
         if log.handlers == [self] and not (log.propagate and logging.root.handlers):
-            sys.stderr.write(f"plantstore: {self.format(record)}\n")
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(f"plantstore: {self.format(record)}\n")
+                sys.stderr.flush()
+            except Exception:  # a closed pipe, a full disk: the line alone is lost
+                self.handleError(record)
 
 
 log.addHandler(_Stderr())

@@ -4,6 +4,10 @@ and retried, from threads of the sender's own (plantstore_background.py's rule).
 
 import base64
 import contextlib
+
+# a webhook attempt's connect imports encodings.idna for its host name: imported
+# now, so that a fork during an attempt cannot leave that import's lock held
+import encodings.idna  # noqa: F401 (imported for that alone)
 import hmac
 import http.client
 import math
@@ -35,9 +39,10 @@ class WebhookSender:
     means at least one delivery, across crashes and restarts; several workers may
     deliver one event, and receivers deduplicate by webhook-id. With the in-memory store
     the table is in an SQLite database in the memory of the process: best effort, lost
-    with the process, and at most MAX_WAITING events and MAX_WAITING_BYTES of bodies;
-    there, what waits is counted as events come and go (IN_MEMORY), so that no create
-    waits on a count of them.
+    with the process, and at most MAX_WAITING events and MAX_WAITING_BYTES of bodies
+    for each receiver; there, what waits is counted as events come and go (IN_MEMORY),
+    so that no create waits on a count of them; at the process's end, what waits for a
+    receiver that is not failing is sent first, for CLOSE_SECONDS at most.
 
     It starts when it is made (plantstore_background.py's rule). Its thread claims due
     events, at most PER_URL at once for each receiver, and hands each to a thread that
@@ -56,13 +61,14 @@ class WebhookSender:
     # seconds before a retry
     SCHEDULE = (5, 300, 1800, 7200, 18000, 36000, 50400, 72000, 86400)
     PROBE_SECONDS, POLL_SECONDS, TIMEOUT, PER_URL = 5, 1, 15, 4
-    MAX_WAITING, MAX_WAITING_BYTES = 10000, 32 * 2**20  # the in-memory outbox's bounds
+    # the in-memory outbox's bounds, for each receiver
+    MAX_WAITING, MAX_WAITING_BYTES = 10000, 32 * 2**20
     # an event taken by a sender killed mid-attempt is free after it
     LEASE_SECONDS = TIMEOUT + 2
     # a fork's child sends this long after the fork, or at its first create: a child
     # that serves nothing and ends sooner has taken nothing
     CHILD_DELAY = 3
-    CLOSE_SECONDS = 5  # the longest close() waits for the outbox in memory
+    CLOSE_SECONDS = 5  # the longest the outbox in memory is sent from at the end
 
     # An event is due from its making on: its next_at is its birth, not 0, so that the
     # claim's order below (next_at, then seq) is nearly an index's order on PostgreSQL
@@ -114,7 +120,9 @@ class WebhookSender:
         " UPDATE receivers SET failing = failing + (NEW.attempts > 0)"
         " - (OLD.attempts > 0) WHERE url = NEW.url; END",
     )
-    TOTAL = "SELECT total(waiting), total(bytes) FROM receivers"
+    HELD = "SELECT total(waiting), total(bytes) FROM receivers WHERE url = ?"
+    # an event of the URL whose last attempt failed: none once a process delivered them
+    FAILED = "SELECT 1 FROM plant_events WHERE url = :url AND attempts > 0 LIMIT 1"
     # by receiver: the events waiting, those whose last attempt failed, the oldest's
     # birth; from the outbox in memory, as its triggers count them
     RECEIVERS = (
@@ -132,7 +140,9 @@ class WebhookSender:
         # None: the outbox in memory
         self._store = store if isinstance(store, SQLStore) else None
         if self._store:
-            store.write_event = lambda run, *plant: self._write(run, event_json(*plant))
+            store.write_event = lambda run, *plant: self._write(
+                run, event_json(*plant), self.urls
+            )
         self._closed = False
         self._background = Background(
             "plantstore-webhooks",
@@ -141,6 +151,7 @@ class WebhookSender:
             # SQLite's threads stop, and the outbox in memory is SQLite's too
             stops_for_fork=getattr(self._store, "STOPS_FOR_FORK", True),
             child_delay=self.CHILD_DELAY,
+            unfinished=self._unfinished,
         )
         self._background.start()
 
@@ -154,13 +165,14 @@ class WebhookSender:
         )
         state.first_round = True
         state.stalled = False  # whether it said that it waits for the database
+        state.ended = 0  # when the process ended, as the sender saw it
         if not self._store:  # used by the sender and by notify(), in turn
             state.memory = sqlite3.connect(
                 ":memory:", isolation_level=None, check_same_thread=False
             )
             for statement in self.IN_MEMORY:
                 state.memory.execute(statement)
-            state.lock, state.dropping = threading.Lock(), False
+            state.lock, state.dropping = threading.Lock(), {}  # URL: events dropped
         return state
 
     def _execute(self, sql, **parameters):
@@ -196,41 +208,66 @@ class WebhookSender:
         self._background.wake()
 
     def _keep(self, body):
-        """Write an event for each URL in memory, within the bounds; the first refused
-        since the outbox last had room is said once."""
-        state = this_process(self, self._new_state)
+        """Write an event for each URL in memory, within that receiver's bounds. Its
+        first event dropped is said, and so is the end, with how many were dropped,
+        once one is kept with its outbox down to half: not a line each time it fills."""
+        state, kept, said = this_process(self, self._new_state), [], []
         with state.lock:
-            waiting, size = state.memory.execute(self.TOTAL).fetchone()
-            full = (
-                waiting + len(self.urls) > self.MAX_WAITING
-                or size + len(body) * len(self.urls) > self.MAX_WAITING_BYTES
-            )
-            if not full:
-                self._write(lambda sql, **row: state.memory.execute(sql, row), body)
-            said, state.dropping = state.dropping, full
-        if full and not said:
-            log_line(
-                "webhook events are dropped: the outbox in memory holds the most it "
-                f"keeps ({self.MAX_WAITING} events, {self.MAX_WAITING_BYTES} bytes)",
-                "warning",
-            )
+            for url in self.urls:
+                waiting, size = state.memory.execute(self.HELD, [url]).fetchone()
+                # how full its outbox would be with this event
+                fill = max(
+                    (waiting + 1) / self.MAX_WAITING,
+                    (size + len(body)) / self.MAX_WAITING_BYTES,
+                )
+                dropped = state.dropping.get(url, 0)
+                if fill > 1:
+                    state.dropping[url] = dropped + 1
+                    if not dropped:
+                        said.append(
+                            (
+                                f"webhook events are dropped for {receiver_origin(url)}"
+                                ": the outbox in memory holds the most it keeps for one"
+                                f" receiver ({self.MAX_WAITING} events,"
+                                f" {self.MAX_WAITING_BYTES} bytes)",
+                                "warning",
+                            )
+                        )
+                    continue
+                kept.append(url)
+                if dropped and fill <= 0.5:
+                    del state.dropping[url]
+                    said.append(
+                        (
+                            f"webhook events are kept again for {receiver_origin(url)}:"
+                            f" {dropped} lost",
+                            "info",
+                        )
+                    )
+            self._write(lambda sql, **row: state.memory.execute(sql, row), body, kept)
+        for line in said:
+            log_line(*line)
 
     def close(self):
         """Stop sending, in this process, and free the events of the attempts under
         way: a SQL outbox keeps them, and a sender takes them at once. The outbox in
-        memory, lost with the process, has CLOSE_SECONDS at most first to deliver what
-        waits for a receiver that is not failing."""
-        state = this_process(self, self._new_state)
-        until = time.monotonic() + self.CLOSE_SECONDS
-        while not self._store and time.monotonic() < until:
-            if all(url in state.failing for url, *_ in self.backlog()):
-                break
-            time.sleep(0.05)
-        self._closed = True
-        self._background.stop()
+        memory, lost with the process, is sent from first, as at the process's end."""
+        self._background.stop(finish=True)
 
-    def _write(self, run, body):
-        for url in self.urls:
+    def _unfinished(self):
+        """At the end, for CLOSE_SECONDS at most: whether events wait in memory for a
+        receiver that is not failing. A SQL outbox keeps its events for the next
+        start."""
+        state = this_process(self, self._new_state)
+        state.ended = state.ended or time.monotonic()
+        return (
+            not self._store
+            and time.monotonic() - state.ended < self.CLOSE_SECONDS
+            and any(url not in state.failing for url, *_ in self.backlog())
+        )
+
+    def _write(self, run, body, urls):
+        for url in urls:
             run(
                 self.EVENT,
                 url=url,
@@ -269,7 +306,7 @@ class WebhookSender:
                 if state.stalled:
                     state.stalled = False
                     log_line("webhook delivery goes on")
-        if self._closed or not self._background.stopping:  # not a fork's pause: the end
+        if not self._background.stopping:  # not a fork's pause: the end
             self._closed = True
             self._free(state)
 
@@ -322,6 +359,12 @@ class WebhookSender:
                 state.probation[url] = now
                 if not events:
                     del state.probation[url]
+            # failing here, idle here, and no event of it failed: another process
+            # sent them (with a SQL store)
+            if url in state.failing and not (
+                busy or events or self._execute(self.FAILED, url=url)
+            ):
+                self._say_failing(state, url, None)
             for event in events:
                 state.in_flight[event[0]] = event, probe
                 threading.Thread(

@@ -42,11 +42,15 @@ from testbed import (
     body_of_size,
     environ_without_tokens,
     exchange,
+    fill,
+    first_retry_after,
+    free_port,
     granian_command,
     granian_recipe,
     over_http,
     post_over_http,
     raw_request,
+    read_database,
     read_raw,
     read_status,
     start_granian,
@@ -54,6 +58,7 @@ from testbed import (
     start_nginx,
     stored,
     stored_plants,
+    tmpfs,
     wait_listening,
     wait_until,
 )
@@ -1314,3 +1319,95 @@ def test_plantstore_py_copied_alone_serves_the_core_under_gunicorn(tmp_path, spa
         in refused.stderr
     )
     assert "plants.sqlite3" not in os.listdir(tmp_path)
+
+
+# ---- Issue 57: a log stream that breaks, under each server ----
+
+
+def serving_on(kind, port):
+    """The command that serves plantstore under `kind` on this loopback port, as
+    start_a_server starts it (SQLite's recipe for granian)."""
+    if kind == "granian":
+        return granian_command("sqlite", port)
+    if kind == "gunicorn":
+        gunicorn = [sys.executable, "-m", "gunicorn", "-w", "2", "--threads", "4"]
+        return [*gunicorn, "-b", f"127.0.0.1:{port}", "plantstore:app"]
+    return [sys.executable, "plantstore.py", "--port", str(port)]
+
+
+@contextlib.contextmanager
+def broken_stream(stream, folder):
+    """A descriptor to give a server for its stderr: a pipe whose reader has gone, or a
+    file on a full disk (a tmpfs of its own at folder). The test's copy is closed
+    when the block ends."""
+    with tmpfs(folder, 1):
+        if stream == "closed-pipe":
+            reader, broken = os.pipe()
+            os.close(reader)
+        else:
+            fill(folder)
+            broken = os.open(folder / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            yield broken
+        finally:
+            os.close(broken)
+
+
+@pytest.mark.parametrize("stream", ["closed-pipe", "full-disk"])
+@pytest.mark.parametrize("kind", ["python-plantstore-py", "gunicorn", "granian"])
+def test_a_broken_log_stream_stops_no_start_no_sender_and_changes_no_answer(
+    kind, stream, spawn, receiver, tmp_path
+):
+    """Issue 57's item 5: stderr, where plantstore's lines go, is a pipe whose reader
+    has gone or a file on a full disk, from the start. Each line is lost, and nothing
+    else: the server starts, creates answer 200, the receiver whose first attempt
+    failed (a line) gets every event, and a create while the SQLite file's disk is
+    full answers 503 (an outage's line, in the request). In 1.5.0 the start line
+    raised, and no server started; once started, the first line raised in the
+    sender's thread, which died, or in the request, a 500."""
+    hook = receiver()
+    hook.statuses = [500]  # a line: the receiver fails, and again when it takes events
+    with tmpfs(tmp_path / "db") as db, broken_stream(stream, tmp_path / "log") as err:
+        port = free_port()
+        retried = first_retry_after(tmp_path / "site", 0.5)  # not 5 s later
+        env = environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_DB=str(db / "plants.sqlite3"),
+            PLANTSTORE_WEBHOOK_URL=hook.url,
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+            PYTHONPATH=os.pathsep.join([str(retried), str(HERE)]),
+        )
+        process = spawn(serving_on(kind, port), env, stderr=err)
+        wait_listening(process, port)
+        for plant_id in range(6):
+            plant = {"id": plant_id, "name": f"p{plant_id}"}
+            assert post_over_http("127.0.0.1", port, TOKEN, plant)[0] == 200
+        # each event delivered and settled: no write of the sender's can fail first
+        # and, closing the last connection, free the WAL's room
+        outbox = "SELECT count(*) FROM plant_events"
+        wait_until(
+            lambda: read_database(str(db / "plants.sqlite3"), outbox) == [(0,)],
+            lambda: f"delivered: {hook.delivered()}",
+        )
+        assert {plant["id"] for plant in hook.delivered()} == set(range(6))
+        fill(db)
+        plant = {"id": 6, "name": "p6"}
+        assert post_over_http("127.0.0.1", port, TOKEN, plant)[0] == 503
+        assert process.poll() is None
+
+
+@pytest.mark.parametrize("stream", ["closed-pipe", "full-disk"])
+def test_a_made_up_token_that_cannot_be_said_stops_no_start(stream, spawn, tmp_path):
+    """Issue 57's item 5, its last edge: with no PLANTSTORE_TOKENS, `python
+    plantstore.py` says on stderr the token it made up for the run. With stderr a pipe
+    whose reader has gone or a file on a full disk, that line is lost, and the server
+    starts all the same, with that token alone: a request without it gets a 401. In
+    1.5.0 the start stopped there (and at its first log line too)."""
+    with broken_stream(stream, tmp_path / "log") as err:
+        port = free_port()
+        command = [sys.executable, "plantstore.py", "--port", str(port)]
+        process = spawn(command, environ_without_tokens(), stderr=err)
+        wait_listening(process, port)
+        assert over_http("127.0.0.1", port, TOKEN, "GET", "/plants")[0] == 401
+        assert over_http("127.0.0.1", port, None, "GET", "/livez")[0] == 200
+        assert process.poll() is None

@@ -50,6 +50,7 @@ from testbed import (
     cluster_pids,
     environ_without_tokens,
     exchange,
+    fill,
     free_port,
     in_threads,
     listed_ids,
@@ -65,6 +66,7 @@ from testbed import (
     stop_service,
     stored_plants,
     timed_exchange,
+    tmpfs,
     wait_apps_built,
     wait_until,
 )
@@ -387,14 +389,7 @@ def test_sqlite_full_at_start_is_waited_for_as_an_outage(spawn, tmp_path):
     "cannot be opened as a plantstore database: disk I/O error" (SQLite cannot make its
     -shm), and gunicorn exited 4 or 1, statuses the unit does not restart: the service
     stayed down once the disk had room again."""
-    folder = tmp_path / "db"
-    folder.mkdir()
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=700", "tmpfs", str(folder)],
-        check=True,
-        timeout=WAIT,
-    )
-    try:
+    with tmpfs(tmp_path / "db") as folder:
         db = folder / "plants.sqlite3"
         env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(db))
         process, host, port, _ = start_gunicorn(spawn, env, 2, 4)
@@ -409,13 +404,7 @@ def test_sqlite_full_at_start_is_waited_for_as_an_outage(spawn, tmp_path):
             "plants.sqlite3-writers",
             "plants.sqlite3-writers-bell",
         ]
-        with open(folder / "filler", "wb", buffering=0) as filler:
-            free = os.statvfs(folder)
-            os.posix_fallocate(filler.fileno(), 0, free.f_bavail * free.f_frsize)
-            filler.seek(0, os.SEEK_END)
-            with pytest.raises(OSError):  # to the last byte
-                for _ in range(4096):
-                    filler.write(b"\0" * 512)
+        fill(folder)
         process, host, port, err = start_gunicorn(spawn, env, 2, 4)
         wait_apps_built(err, 2)  # the line each worker says once it has built the app
         document = {"id": 2, "name": "plant 2"}
@@ -428,8 +417,6 @@ def test_sqlite_full_at_start_is_waited_for_as_an_outage(spawn, tmp_path):
         )
         assert process.poll() is None, err.so_far()
         stop_service(process)
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False, timeout=WAIT)
 
 
 def test_sqlite_names_a_missing_directory(tmp_path):

@@ -25,6 +25,7 @@ import sqlite3
 import sys
 import threading
 import time
+import types
 
 import psycopg
 import pytest
@@ -854,6 +855,36 @@ def test_edges_events_waiting_in_the_outbox_go_out_after_a_restart_with_no_reque
         20,
     )
     assert sorted({plant["id"] for plant in back.delivered()}) == list(range(50))
+
+
+# A program that lists the modules its first delivery imports.
+DELIVERY_IMPORTS = """
+app = build("memory", sys.argv[1])
+before = set(sys.modules)
+assert create(app, 1) == "200 OK"
+app.webhook_sender.close()  # once what waits is sent
+say(imported=sorted(set(sys.modules) - before))
+"""
+
+
+def test_a_delivery_imports_nothing_so_no_fork_waits_on_an_import_lock(
+    spawn, receiver, tmp_path
+):
+    """Under gunicorn --preload the master's sender may have attempts under way as it
+    forks the workers. A module that an attempt's thread was importing then has its
+    import lock held in the child, by a thread the child does not have: each attempt
+    of the child's that imports it waits for ever. The first connect imported
+    encodings.idna (for the host), and a restart with events waiting left a worker
+    whose every attempt hung, its events late by their lease or a retry's 300 s (the
+    test above, once in two or three runs). So a delivery imports nothing: what it
+    needs comes with the module."""
+    hook = receiver()
+    process, out, _ = start_embedding(
+        spawn, tmp_path, "imports", DELIVERY_IMPORTS, hook.url
+    )
+    assert json.loads(out.until("imported").string) == {"imported": []}
+    assert hook.wait_for(1)[0]["id"] == 1
+    assert process.wait(WAIT) == 0
 
 
 @pytest.mark.parametrize(
@@ -1766,3 +1797,169 @@ def test_restarts_a_locked_sqlite_holds_up_no_fork_and_no_stop(
     leased = f"SELECT count(*) FROM plant_events WHERE lease > {time.time()}"
     assert read_database(path, leased) == [(0,)]
     assert "Traceback" not in err.rest()
+
+
+# ---- Issue 57: each receiver's bounds, a stop's drain, a recovery said everywhere ----
+
+
+def test_the_outbox_in_memory_bounds_each_receiver_and_says_each_drop_twice(
+    store, webhook_app, receiver, monkeypatch, caplog
+):
+    """Issue 57's item 3: MAX_WAITING counts each receiver's events apart. With one
+    receiver down and one that takes an event only when the test lets it, a healthy one
+    gets every event; the others' dropping is said once as it starts, and once as it
+    ends, with how many were lost, though the slow one's outbox has room for one event
+    again and again meanwhile. In 1.5.0 the bound counted every receiver's events
+    together: the healthy one lost events too, and the line came again at each room."""
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "MAX_WAITING", 20)
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (0.2,) * 100)
+    healthy, slow, down = receiver(), receiver(), receiver()
+    turns = threading.Semaphore(0)  # each release lets one delivery through
+    slow.hold = types.SimpleNamespace(
+        wait=lambda seconds: turns.acquire(timeout=seconds)
+    )
+    port = down.server.server_address[1]
+    down.stop()
+    application = webhook_app(store, healthy.url, slow.url, down.url)
+    sender, created = application.app.webhook_sender, itertools.count()
+
+    def create(count):  # as fast as the healthy receiver takes them
+        for plant_id in itertools.islice(created, count):
+            post(application, {"id": plant_id, "name": f"p{plant_id}"}, 200)
+            healthy.wait_for(plant_id + 1)
+
+    def waiting(url):
+        return sum(count for each, count, *_ in sender.backlog() if each == url)
+
+    create(30)  # 20 kept for each of the other two, 10 dropped
+    for _ in range(5):  # the slow one has room for one: 1 kept, 1 dropped
+        turns.release()
+        wait_until(lambda: waiting(slow.url) == 19, lambda: sender.backlog())
+        create(2)
+    assert sorted(plant["id"] for plant in healthy.delivered()) == list(range(40))
+    turns.release(100)
+    back = receiver(port)  # the same URL, answering now
+    wait_until(lambda: sender.backlog() == [], lambda: sender.backlog())
+    create(1)  # kept for each
+    slow.wait_for(26), back.wait_for(21)
+    said = [line for line in caplog.messages if "webhook events are" in line]
+    assert len(said) == 4, said
+    for url, lost in (slow.url, 15), (down.url, 20):
+        origin = url.removesuffix("/plant/webhook")
+        assert [line.split(" (request")[0] for line in said if origin in line] == [
+            f"webhook events are dropped for {origin}: the outbox in memory holds the "
+            "most it keeps for one receiver (20 events, 33554432 bytes)",
+            f"webhook events are kept again for {origin}: {lost} lost",
+        ]
+
+
+# A host program that ends once its creates are answered: its main thread returns.
+HOST_ENDS = """
+app = plantstore.make_app(
+    [os.environ["PLANTSTORE_TOKENS"]],
+    webhook_urls=sys.argv[1:],
+    webhook_secret=os.environ["PLANTSTORE_WEBHOOK_SECRET"],
+)
+assert [create(app, n) for n in range(40)] == ["200 OK"] * 40
+say(created=40)
+"""
+
+
+@pytest.mark.parametrize(
+    "kind, stop",
+    [
+        ("gunicorn", signal.SIGTERM),
+        ("gunicorn", signal.SIGHUP),
+        ("granian", signal.SIGTERM),
+        ("python-plantstore-py", signal.SIGTERM),
+        ("host-program", None),
+    ],
+    ids=["gunicorn-sigterm", "gunicorn-sighup", "granian-sigterm", "embedded", "host"],
+)
+def test_a_stop_sends_what_waits_in_memory_first_for_5_s_at_most(
+    kind, stop, spawn, receiver, raw_receiver, tmp_path
+):
+    """Issue 57's item 4: 40 events wait in memory for a receiver that holds each
+    delivery until 2 s after the stop (a server's stop, a reload, a host program's
+    end), for one that never answers, and for one that is down. The process sends the
+    first one's every event before it ends, within WebhookSender.CLOSE_SECONDS of the
+    end, and ends by itself. In 1.5.0 the embedded server alone sent them; under the
+    others, 4 of 40 arrived (those under way), the process ended in under a second."""
+    hook, silent = receiver(), raw_receiver(answer=None)
+    hook.hold = threading.Event()
+    urls = [hook.url, silent.url(), f"http://127.0.0.1:{free_port()}/down"]
+    if kind == "host-program":
+        process, out, err = start_embedding(spawn, tmp_path, "host", HOST_ENDS, *urls)
+        out.until("created")
+        output = err.rest
+    else:
+        env = environ_without_tokens(
+            PLANTSTORE_TOKENS=TOKEN,
+            PLANTSTORE_WEBHOOK_URL=",".join(urls),
+            PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        )
+        server = start_a_server(kind, spawn, env, "memory")
+        for plant_id in range(40):
+            document = {"id": plant_id, "name": f"p{plant_id}"}
+            assert post_over_http(server.host, server.port, TOKEN, document)[0] == 200
+        process, output = server.process, server.output
+        process.send_signal(stop)  # the main process alone, as systemd signals it
+    time.sleep(2)  # every sender has seen its end meanwhile: 1.5.0's were gone
+    hook.hold.set()
+    released = time.monotonic()
+    wait_until(
+        lambda: len({plant["id"] for plant in hook.delivered()}) == 40,
+        lambda: f"{len(hook.delivered())} of 40 events came",
+    )
+    if stop == signal.SIGHUP:  # the old workers are gone; the new ones serve on
+        # the master alone: signalled with its workers, it may replace one that ended
+        # first, and the new one, not yet handling SIGTERM, serves on
+        process.send_signal(signal.SIGTERM)
+    wait_until(
+        lambda: process.poll() is not None and not processes_in_group(process.pid),
+        lambda: f"running: {processes_in_group(process.pid)}",
+    )
+    ended = time.monotonic() - released
+    printed = output()
+    assert process.returncode == 0 and "Traceback" not in printed, printed
+    # the sender's bound, and the process's end (a reload's old workers: not timed)
+    bound = plantstore_webhooks.WebhookSender.CLOSE_SECONDS + 3
+    assert stop == signal.SIGHUP or ended < bound, ended
+
+
+def test_each_worker_that_said_a_receiver_fails_says_when_it_takes_events_again(
+    spawn, receiver, tmp_path
+):
+    """Issue 57's item 13, its first point: under gunicorn -w 2 on SQLite, each worker
+    tries a receiver that is down, 2.5 s apart, and says it fails; each then probes it
+    every 5 s. Once it is back, the first probe that gets through brings every event
+    forward, and that worker sends them all; the other still says, at its own probe,
+    that the receiver takes events again. In 1.5.0 it never did."""
+    hook = receiver()
+    port = hook.server.server_address[1]
+    hook.stop()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=str(tmp_path / "plants.sqlite3"),
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    # the shipped logging configuration: each line names its process
+    logging = ("--log-config", str(HERE / "deploy" / "gunicorn-logging.conf"))
+    process, host, port_served, err = start_gunicorn(spawn, env, 2, 4, *logging)
+
+    def said(what):  # the workers that said it
+        return set(
+            re.findall(rf"\[(\d+)\] \[\w+\] plantstore: .* {what}", err.so_far())
+        )
+
+    for plant_id in range(5):
+        document = {"id": plant_id, "name": f"p{plant_id}"}
+        assert post_over_http(host, port_served, TOKEN, document)[0] == 200
+        if plant_id == 0:  # its worker fails, then only probes: the other takes 1-4
+            wait_until(lambda: len(said("fails")) == 1, err.so_far)
+            time.sleep(2.5)  # their probes, each every 5 s, come 1.5 s apart or more
+    wait_until(lambda: len(said("fails")) == 2, err.so_far)
+    back = receiver(port)
+    assert sorted(plant["id"] for plant in back.wait_for(5)) == list(range(5))
+    wait_until(lambda: said("takes events again") == said("fails"), err.so_far)

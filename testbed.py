@@ -102,7 +102,7 @@ def spawn():
     """Start subprocesses in this folder; always kill the ones still running."""
     processes = []
 
-    def start(args, env, cwd=HERE, pass_fds=()):
+    def start(args, env, cwd=HERE, pass_fds=(), stderr=subprocess.PIPE):
         process = subprocess.Popen(
             args,
             cwd=cwd,
@@ -110,7 +110,7 @@ def spawn():
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
             text=True,
             pass_fds=pass_fds,  # a listening socket a test holds, as systemd does
         )
@@ -127,7 +127,8 @@ def spawn():
                 os.killpg(process.pid, signal.SIGKILL)
         process.wait(WAIT)
         process.stdout.close()
-        process.stderr.close()
+        if process.stderr:  # None: the test gave a stream of its own
+            process.stderr.close()
 
 
 class Lines:
@@ -165,6 +166,30 @@ class Lines:
             while (line := self.queue.get_nowait()) is not None:
                 self.seen.append(line)
         return "".join(self.seen)
+
+
+@contextlib.contextmanager
+def tmpfs(folder, megabytes=4):
+    """A tmpfs of its own at folder (made here) while the block runs."""
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m,mode=700", "tmpfs"]
+    subprocess.run([*mount, str(folder)], check=True, timeout=WAIT)
+    try:
+        yield folder
+    finally:  # lazily: a process killed a moment ago may still hold a file there
+        subprocess.run(["umount", "-l", str(folder)], check=False, timeout=WAIT)
+
+
+def fill(folder):
+    """Fill the filesystem of folder to its last byte, with its file "filler": a write
+    that needs room then fails (ENOSPC), until the filler is removed."""
+    with open(folder / "filler", "wb", buffering=0) as filler:
+        free = os.statvfs(folder)
+        os.posix_fallocate(filler.fileno(), 0, free.f_bavail * free.f_frsize)
+        filler.seek(0, os.SEEK_END)
+        with pytest.raises(OSError):  # to the last byte
+            for _ in range(4096):
+                filler.write(b"\0" * 512)
 
 
 def environ_without_tokens(**extra):
@@ -571,8 +596,8 @@ def serve_batches(spawn, server, database, db, **settings):
 FIRST_RETRY_AFTER = """\
 # Written by testbed.first_retry_after for one test: the webhook schedule's first step
 # shortened in every Python process started with this folder on PYTHONPATH, set as the
-# class is made, so before any app is built, whatever server imports plantstore, and
-# under `python plantstore.py` too, whose classes are __main__'s.
+# class is made in plantstore_webhooks, so before any app is built, whatever server
+# imports plantstore, and under `python plantstore.py` too.
 import builtins
 
 _build_class = builtins.__build_class__
@@ -580,7 +605,7 @@ _build_class = builtins.__build_class__
 
 def _build(function, name, /, *bases, **keywords):
     made = _build_class(function, name, *bases, **keywords)
-    if name == "WebhookSender" and made.__module__ in ("plantstore", "__main__"):
+    if name == "WebhookSender" and made.__module__ == "plantstore_webhooks":
         made.SCHEDULE = ({seconds!r}, *made.SCHEDULE[1:])
     return made
 
