@@ -2,7 +2,7 @@
 /livez, the liveness probe.
 """
 
-import time
+import contextlib
 
 from plantstore import JSON_HEADERS, HTTPError, __version__, json_string, operation
 from plantstore_cors import receiver_origin
@@ -35,20 +35,20 @@ def add_metrics(application, sender):
 
     @operation("GET", "/metrics")
     def getMetrics(environ, _):
-        up, now = 1, time.time()
-        try:
+        up, rows = 0, None
+        # the database is away, or did not answer in time; or the count did not come
+        with contextlib.suppress(HTTPError):
             application.checkHealth(environ, None)
+            up = 1
             rows = sender.backlog() if sender else []
-        except HTTPError:  # the database is away, or did not answer in time
-            rows, up = [], 0
-        # with no answer, no figures: a receiver's 0 would say that none of its wait
-        receivers = {origin: [0, 0, 0.0] for origin in configured if up}
-        for url, waiting, failing, created in rows:
+        # with no count, no figures: a receiver's 0 would say that none of its wait
+        receivers = {origin: [0, 0, 0.0] for origin in configured if rows is not None}
+        for url, waiting, failing, age in rows or ():
             figures = receivers.setdefault(receiver_origin(url), [0, 0, 0.0])
             figures[0] += waiting
             figures[1] += failing
-            # the oldest event's age; created is None for an event written by 1.3.0
-            figures[2] = max(figures[2], now - (created or now))
+            # the oldest event's age; None for events of 1.3.0 alone
+            figures[2] = max(figures[2], age or 0)
         text = METRICS.format(version=__version__, up=up)
         for at, (name, meaning) in enumerate(RECEIVER_METRICS.items()):
             text += f"# HELP {name} {meaning}\n# TYPE {name} gauge\n"

@@ -74,6 +74,67 @@ class PostgresStore(SQLStore):
         " WHERE created IS NULL",
     )
     UPGRADE = ("BEGIN", "SELECT pg_advisory_xact_lock(7274)", *ADD_CREATED, "COMMIT")
+    # What 1.5.0's outbox lacks, which only the tables' owner may add: an index for
+    # each receiver's claim, one for its oldest event, built while writes go on (one
+    # that a build cut short left unusable, none building it, is made again); and each
+    # receiver's events counted, as they come and go, by triggers that run as the
+    # owner (so that a role granted 1.5.0's tables writes on), a statement's changes
+    # added up in one row a receiver: a 410's thousands of deletes are one change.
+    COUNT = (
+        "INSERT INTO plant_event_counts SELECT url, sum(n), sum(failed),"
+        " sum(size) FROM ({}) AS event (url, n, failed, size) GROUP BY url"
+        f" HAVING sum(n) <> 0 OR sum(failed) <> 0 {SQLStore.ADD}"
+    )
+    CAME = "SELECT url, 1, sign(attempts), length(body) FROM came"
+    WENT = "SELECT url, -1, -sign(attempts), -length(body) FROM went"
+    FOR_EACH = "FOR EACH STATEMENT EXECUTE FUNCTION plant_event_count()"
+    COUNTS = (
+        "DO $$ DECLARE invalid regclass; BEGIN FOR invalid IN SELECT indexrelid"
+        " FROM pg_index WHERE NOT indisvalid AND indexrelid IN"
+        " (to_regclass('plant_events_claims'), to_regclass('plant_events_age'))"
+        " AND NOT EXISTS (SELECT FROM pg_stat_progress_create_index"
+        " WHERE relid = indrelid) LOOP EXECUTE format('DROP INDEX %s', invalid);"
+        " END LOOP; END $$",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS plant_events_claims"
+        " ON plant_events (url, next_at, seq)",
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS plant_events_age"
+        " ON plant_events (url, created)",
+        "BEGIN",
+        "SELECT pg_advisory_xact_lock(7274)",
+        "DO $do$ BEGIN IF to_regclass('plant_event_counts') IS NULL THEN"
+        f" {SQLStore.COUNTS_TABLE}; CREATE OR REPLACE FUNCTION plant_event_count()"
+        " RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM"
+        " CURRENT AS $$ BEGIN IF TG_OP = 'TRUNCATE' THEN"
+        " DELETE FROM plant_event_counts;"
+        f" ELSIF TG_OP = 'INSERT' THEN {COUNT.format(CAME)};"
+        f" ELSIF TG_OP = 'DELETE' THEN {COUNT.format(WENT)};"
+        f" ELSE {COUNT.format(f'{CAME} UNION ALL {WENT}')}; END IF; RETURN NULL;"
+        " END $$; CREATE OR REPLACE TRIGGER plant_event_came AFTER INSERT ON"
+        f" plant_events REFERENCING NEW TABLE AS came {FOR_EACH}; CREATE OR REPLACE"
+        " TRIGGER plant_event_moved AFTER UPDATE ON plant_events REFERENCING OLD TABLE"
+        f" AS went NEW TABLE AS came {FOR_EACH}; CREATE OR REPLACE TRIGGER"
+        " plant_event_went AFTER DELETE ON plant_events REFERENCING OLD TABLE AS went"
+        f" {FOR_EACH}; CREATE OR REPLACE TRIGGER plant_event_truncated AFTER TRUNCATE"
+        f" ON plant_events {FOR_EACH};"
+        # what waits already, counted once: writes wait for it (the triggers' lock)
+        " INSERT INTO plant_event_counts SELECT url, count(*), count(*) FILTER (WHERE"
+        " attempts > 0), sum(length(body)) FROM plant_events GROUP BY url; END IF;"
+        " END $do$",
+        "COMMIT",
+    )
+    # whether the outbox has its counts, and this role may read them; and the role
+    COUNTED = (
+        "SELECT has_table_privilege(to_regclass('plant_event_counts'), 'SELECT'),"
+        " quote_ident(current_user)"
+    )
+    # each receiver's events counted one by one, as 1.5.0 did, where there are no counts
+    EACH_EVENT = (
+        "SELECT url, count(*), count(*) FILTER (WHERE attempts > 0),"
+        " :now - min(created) FROM plant_events GROUP BY url"
+    )
+    # the outbox's clock, :now and :wall (WebhookSender.CLAIM): PostgreSQL's, which
+    # hosts share
+    CLOCK = "CAST(extract(epoch FROM statement_timestamp()) AS DOUBLE PRECISION)"
     # libpq's settings unless the URL gives its own: a host that goes silent fails in
     # seconds. connect_timeout is each host's: libpq's least, 2 s, so that a URL's
     # second host is tried within CONNECT_SECONDS.
@@ -197,6 +258,22 @@ class PostgresStore(SQLStore):
                         f"the identity of {table} was behind its largest seq, "
                         f"{largest}: moved past it"
                     )
+        counted, role = run_sql(self.COUNTED).fetchone()
+        try:
+            for statement in () if counted else self.COUNTS:
+                run_sql(statement)
+        except psycopg.errors.InsufficientPrivilege:  # a role the owner granted them
+            run_sql("ROLLBACK")
+            self.counting = self.EACH_EVENT
+            log_line(
+                f"the webhook outbox of the {self.name} lacks its counts and indexes,"
+                " which only the tables' owner may add: until then a scrape of"
+                " /metrics counts every waiting event, and a receiver's claim may read"
+                " the events of others; as the owner, run once in psql:"
+                f" {'; '.join(self.COUNTS)}; GRANT SELECT ON plant_event_counts TO"
+                f" {role}; then restart plantstore",
+                "warning",
+            )
 
     def upgrade(self, run_sql):
         try:
@@ -344,5 +421,12 @@ def check_url(conninfo):
 
 @functools.cache
 def _pyformat(sql):
-    """The SQL in psycopg's placeholders: :name becomes %(name)s."""
-    return re.sub(r":(\w+)", r"%(\1)s", sql)
+    """The SQL in psycopg's placeholders: :name becomes %(name)s, and :now and :wall
+    PostgreSQL's clock."""
+    return re.sub(
+        r":(\w+)",
+        lambda name: (
+            PostgresStore.CLOCK if name[1] in ("now", "wall") else f"%({name[1]})s"
+        ),
+        sql,
+    )

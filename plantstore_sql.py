@@ -77,6 +77,21 @@ class SQLStore(Store):
     STOPS_FOR_FORK = True
     schema = ()  # the statements that make the tables, in the engine's own DDL
     UPGRADE = INDEXES = ()  # what 1.3.0's tables lack, and the indexes made after it
+    # the outbox's counts, a row a receiver (the engine's triggers keep them), and the
+    # change a row of events makes to them
+    COUNTS_TABLE = (
+        "CREATE TABLE IF NOT EXISTS plant_event_counts (url TEXT PRIMARY KEY,"
+        " waiting BIGINT NOT NULL, failing BIGINT NOT NULL, bytes BIGINT NOT NULL)"
+    )
+    ADD = (
+        "ON CONFLICT (url) DO UPDATE SET"
+        " waiting = plant_event_counts.waiting + excluded.waiting,"
+        " failing = plant_event_counts.failing + excluded.failing,"
+        " bytes = plant_event_counts.bytes + excluded.bytes"
+    )
+    # the statement that counts each receiver's events where the outbox has no counts
+    # (WebhookSender.RECEIVERS)
+    counting = None
     outages = ()  # the driver's exceptions that mean "the database is away"
 
     def __init__(self, name):

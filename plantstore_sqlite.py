@@ -26,24 +26,50 @@ class SQLiteStore(SQLStore):
         " attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL,"
         " lease REAL NOT NULL DEFAULT 0, created REAL)"
     )
-    DUE = "CREATE INDEX IF NOT EXISTS plant_events_due ON plant_events (next_at)"
     schema = (
         "PRAGMA journal_mode=WAL",  # readers and a writer at once; kept in the file
         "CREATE TABLE IF NOT EXISTS plants (seq INTEGER PRIMARY KEY AUTOINCREMENT,"
         " id INTEGER NOT NULL UNIQUE, name BLOB NOT NULL, tag BLOB)",
         OUTBOX,
-        DUE,
     )
     # the events a sender claims, read in its order (WebhookSender.CLAIM)
     CLAIMS = (
         "CREATE INDEX IF NOT EXISTS plant_events_claims ON plant_events (url, next_at)"
     )
-    INDEXES = (
-        # what /metrics counts, read from this index alone: fast at a million
-        "CREATE INDEX IF NOT EXISTS plant_events_receivers"
-        " ON plant_events (url, attempts, created)",
-        CLAIMS,
+    # Each receiver's events waiting, those of them failing, and their bytes, counted
+    # by triggers as events come, go, fail, or move to another URL (an operator's
+    # UPDATE), so that neither a scrape nor a create counts them (WebhookSender.
+    # RECEIVERS); the oldest's birth is read from an index. The outbox in memory has
+    # them too; a file of 1.5.0 gets them at its first start, its events counted then.
+    CAME = (
+        "INSERT INTO plant_event_counts VALUES (NEW.url, 1, NEW.attempts > 0,"
+        f" length(NEW.body)) {SQLStore.ADD};"
     )
+    WENT = (
+        "INSERT INTO plant_event_counts VALUES (OLD.url, -1, -(OLD.attempts > 0),"
+        f" -length(OLD.body)) {SQLStore.ADD};"
+    )
+    COUNTS = (
+        "BEGIN IMMEDIATE",
+        SQLStore.COUNTS_TABLE,
+        # what waits already, counted once: as the triggers that count the rest come
+        "INSERT INTO plant_event_counts SELECT url, count(*), total(attempts > 0),"
+        " total(length(body)) FROM (SELECT 1 WHERE NOT EXISTS (SELECT * FROM"
+        " sqlite_master WHERE name = 'plant_event_came')) CROSS JOIN plant_events"
+        " GROUP BY url",
+        "CREATE TRIGGER IF NOT EXISTS plant_event_came AFTER INSERT ON plant_events"
+        f" BEGIN {CAME} END",
+        "CREATE TRIGGER IF NOT EXISTS plant_event_went AFTER DELETE ON plant_events"
+        f" BEGIN {WENT} END",
+        "CREATE TRIGGER IF NOT EXISTS plant_event_moved"
+        f" AFTER UPDATE OF attempts, url ON plant_events BEGIN {WENT} {CAME} END",
+        "CREATE INDEX IF NOT EXISTS plant_events_age ON plant_events (url, created)",
+        # 1.5.0's, now only a cost to each create: its claim's, and its count's
+        "DROP INDEX IF EXISTS plant_events_due",
+        "DROP INDEX IF EXISTS plant_events_receivers",
+        "COMMIT",
+    )
+    INDEXES = (CLAIMS, *COUNTS)
     BEGIN = "BEGIN IMMEDIATE"  # the write lock at once: no deadlock upgrading a read
     outages = (sqlite3.DatabaseError, OSError)  # read-only, disk I/O, the file gone
     # 1.3.0's outbox had no `created`: its events' age counts from the upgrade

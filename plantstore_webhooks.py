@@ -70,28 +70,32 @@ class WebhookSender:
     CHILD_DELAY = 3
     CLOSE_SECONDS = 5  # the longest the outbox in memory is sent from at the end
 
+    # The outbox's times (when an event is due, when its lease ends) are all read and
+    # written at :now, the outbox's clock: PostgreSQL's own, which every host shares
+    # (plantstore_postgres), else this process's (_now), which never steps back.
     # An event is due from its making on: its next_at is its birth, not 0, so that the
-    # claim's order below (next_at, then seq) is nearly an index's order on PostgreSQL
-    # too (plant_events_due), where a backlog of ties at 0 would be sorted each claim.
-    # (Another host's sender, its clock behind, takes it that much later.)
+    # claim's order below (next_at, then seq) is an index's order even where the only
+    # index is on next_at (a PostgreSQL role granted 1.5.0's tables: plant_events_due).
     EVENT = (
         "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
-        " VALUES (:url, :webhook_id, :body, :created, :created)"
+        " VALUES (:url, :webhook_id, :body, :now, :now)"
     )
     # A sender leases the events it takes, so that no other sender takes them meanwhile:
-    # the URL's events due by :due, those due longest first (the oldest of those due
-    # together), read in the order of an index (SQLiteStore.CLAIMS; on PostgreSQL,
-    # plant_events_due), however many wait.
+    # the URL's events due (or up to :ahead seconds ahead), those due longest first
+    # (the oldest of those due together), read in the order of an index
+    # (plant_events_claims), however many wait; with the time its signature gives,
+    # :wall (a receiver refuses one 5 min off: PostgreSQL's clock, else the host's),
+    # and whether each is due.
     CLAIM = (
-        "UPDATE plant_events SET lease = :lease"
-        " WHERE lease <= :now AND seq IN (SELECT seq"
-        " FROM plant_events WHERE url = :url AND next_at <= :due AND lease <= :now"
+        "UPDATE plant_events SET lease = :now + :lease"
+        " WHERE lease <= :now AND seq IN (SELECT seq FROM plant_events"
+        " WHERE url = :url AND next_at <= :now + :ahead AND lease <= :now"
         " ORDER BY next_at, seq LIMIT :free)"
-        " RETURNING seq, url, webhook_id, body, attempts, next_at"
+        " RETURNING seq, url, webhook_id, body, :wall, attempts, next_at <= :now"
     )
     RETRY = (
-        "UPDATE plant_events SET attempts = :attempts, next_at = :next_at, lease = 0"
-        " WHERE seq = :seq"
+        "UPDATE plant_events SET attempts = :attempts, next_at = :now + :delay,"
+        " lease = 0 WHERE seq = :seq"
     )
     RELEASE = "UPDATE plant_events SET lease = 0 WHERE seq = :seq"
     DUE_NOW = (
@@ -99,39 +103,19 @@ class WebhookSender:
     )
     DONE = "DELETE FROM plant_events WHERE seq = :seq"
     FORGET = "DELETE FROM plant_events WHERE url = :url"
-    # The outbox in memory: SQLiteStore's table and indexes, and, per receiver, the
+    NEWEST = "SELECT created FROM plant_events ORDER BY seq DESC LIMIT 1"
+    # The outbox in memory: SQLiteStore's table, indexes and counts (by receiver, the
     # events waiting, those failing and their bytes, kept by triggers as events come and
-    # go, so that neither a create nor /metrics counts them.
-    IN_MEMORY = (
-        SQLiteStore.OUTBOX,
-        SQLiteStore.CLAIMS,
-        "CREATE INDEX plant_events_age ON plant_events (url, created)",
-        "CREATE TABLE receivers (url TEXT PRIMARY KEY, waiting INTEGER NOT NULL,"
-        " failing INTEGER NOT NULL, bytes INTEGER NOT NULL)",
-        "CREATE TRIGGER came AFTER INSERT ON plant_events BEGIN"
-        " INSERT INTO receivers VALUES (NEW.url, 1, 0, length(NEW.body))"
-        " ON CONFLICT (url) DO UPDATE SET waiting = waiting + 1,"
-        " bytes = bytes + excluded.bytes; END",
-        "CREATE TRIGGER went AFTER DELETE ON plant_events BEGIN"
-        " UPDATE receivers SET waiting = waiting - 1,"
-        " failing = failing - (OLD.attempts > 0), bytes = bytes - length(OLD.body)"
-        " WHERE url = OLD.url; END",
-        "CREATE TRIGGER failed AFTER UPDATE OF attempts ON plant_events BEGIN"
-        " UPDATE receivers SET failing = failing + (NEW.attempts > 0)"
-        " - (OLD.attempts > 0) WHERE url = NEW.url; END",
-    )
-    HELD = "SELECT total(waiting), total(bytes) FROM receivers WHERE url = ?"
+    # go), so that neither a create nor /metrics counts them.
+    IN_MEMORY = (SQLiteStore.OUTBOX, *SQLiteStore.INDEXES)
+    HELD = "SELECT total(waiting), total(bytes) FROM plant_event_counts WHERE url = ?"
     # an event of the URL whose last attempt failed: none once a process delivered them
     FAILED = "SELECT 1 FROM plant_events WHERE url = :url AND attempts > 0 LIMIT 1"
-    # by receiver: the events waiting, those whose last attempt failed, the oldest's
-    # birth; from the outbox in memory, as its triggers count them
+    # by receiver: the events waiting, those whose last attempt failed, and since when
+    # the oldest's plant was made, as the outbox's counts say, and one index entry
     RECEIVERS = (
-        "SELECT url, count(*), count(*) FILTER (WHERE attempts > 0), min(created)"
-        " FROM plant_events GROUP BY url"
-    )
-    RECEIVERS_IN_MEMORY = (
-        "SELECT url, waiting, failing, (SELECT min(created) FROM plant_events"
-        " WHERE url = receivers.url) FROM receivers WHERE waiting > 0"
+        "SELECT url, waiting, failing, :now - (SELECT min(created) FROM plant_events"
+        " WHERE url = c.url) FROM plant_event_counts AS c WHERE waiting > 0"
     )
 
     def __init__(self, urls, secret, store):
@@ -143,7 +127,7 @@ class WebhookSender:
             store.write_event = lambda run, *plant: self._write(
                 run, event_json(*plant), self.urls
             )
-        self._closed = False
+        self._closed, self._ahead = False, -math.inf  # see _now()
         self._background = Background(
             "plantstore-webhooks",
             self._loop,
@@ -175,10 +159,21 @@ class WebhookSender:
             state.lock, state.dropping = threading.Lock(), {}  # URL: events dropped
         return state
 
+    def _now(self, least=0.0):
+        """The outbox's clock where no database keeps one (SQLite, the outbox in
+        memory): time.monotonic(), as far ahead of it as the wall clock (or `least`)
+        has been. It never steps back: after a step back of the wall clock it goes on
+        from where it was, so that no event waits out the step."""
+        now = time.monotonic()
+        self._ahead = max(self._ahead, time.time() - now, least - now)
+        return now + self._ahead
+
     def _execute(self, sql, **parameters):
-        """Run one statement on the outbox: this process's in memory, or the store's in
-        a transaction of its own, so that a statement cut short leaves nothing done,
-        within BACKGROUND_WAIT and outside the requests' breaker."""
+        """Run one statement on the outbox, at the outbox's :now: this process's in
+        memory, or the store's in a transaction of its own, so that a statement cut
+        short leaves nothing done, within BACKGROUND_WAIT and outside the requests'
+        breaker."""
+        parameters["now"] = self._now()
         if self._store:
             return self._store.on_connection(
                 lambda run: run(sql, **parameters),
@@ -193,13 +188,17 @@ class WebhookSender:
 
     def backlog(self):
         """For each URL with events waiting: how many, how many of them failed their
-        last attempt, and when the oldest one's plant was made, within the bound of a
-        health check."""
+        last attempt, and since when the oldest one's plant was made (RECEIVERS, or
+        the store's own count), within the bound of a health check, outside the
+        requests' breaker: a count cut short is no database away."""
+        sql = getattr(self._store, "counting", None) or self.RECEIVERS
         if self._store:
             return self._store.on_connection(
-                lambda run: run(self.RECEIVERS), wait=HEALTH_WAIT_SECONDS
+                lambda run: run(sql, now=self._now()),
+                wait=HEALTH_WAIT_SECONDS,
+                background=True,
             )
-        return self._execute(self.RECEIVERS_IN_MEMORY)
+        return self._execute(sql)
 
     def notify(self, plant_id, name, tag):
         """After a create: write its events in memory, or wake for those SQL wrote."""
@@ -273,7 +272,7 @@ class WebhookSender:
                 url=url,
                 webhook_id=f"msg_{secrets.token_urlsafe(18)}",
                 body=body,
-                created=time.time(),
+                now=self._now(),
             )
 
     def _loop(self):
@@ -283,6 +282,9 @@ class WebhookSender:
             try:
                 if state.first_round:
                     self._drop_unconfigured()
+                    # started after a step back: the clock goes on from the newest event
+                    for (created,) in self._execute(self.NEWEST):
+                        self._now(created or 0)
                     state.first_round = False
                 self._settle_ended(state)
                 self._claim(state)
@@ -328,7 +330,7 @@ class WebhookSender:
 
     def _drop_unconfigured(self):
         """Drop the events of URLs no longer configured, once a process."""
-        for url, count, *_ in self._execute(self.RECEIVERS):
+        for url, count, *_ in self.backlog():
             if url not in self.urls:
                 self._execute(self.FORGET, url=url)
                 log_line(
@@ -341,7 +343,7 @@ class WebhookSender:
         """Start an attempt for each URL's due events, up to PER_URL in flight each; on
         probation, one for the URL's first event in CLAIM's order, due or not, every
         PROBE_SECONDS."""
-        now = time.time()
+        now = time.monotonic()
         for url in self.urls:
             busy = sum(event[1] == url for event, _ in state.in_flight.values())
             probe = state.probation.get(url)  # when it was last tried; None: not on it
@@ -349,11 +351,11 @@ class WebhookSender:
                 continue
             events = self._execute(
                 self.CLAIM,
-                lease=now + self.LEASE_SECONDS,
-                now=now,
+                lease=self.LEASE_SECONDS,
                 url=url,
-                due=math.inf if probe else now,
+                ahead=math.inf if probe else 0,
                 free=1 if probe else self.PER_URL - busy,
+                wall=time.time(),
             )
             if probe:  # tried now; with no event, there is none to probe
                 state.probation[url] = now
@@ -374,7 +376,7 @@ class WebhookSender:
                 ).start()
 
     def _attempt(self, state, event):
-        state.done.append((event[0], self._post(state, *event[1:4])))
+        state.done.append((event[0], self._post(state, *event[1:5])))
         self._background.wake()
 
     def _cut_late_attempts(self, state):
@@ -385,9 +387,9 @@ class WebhookSender:
                 with contextlib.suppress(AttributeError, OSError):
                     connection.sock.shutdown(socket.SHUT_RDWR)
 
-    def _post(self, state, url, webhook_id, body):
+    def _post(self, state, url, webhook_id, body, now):
         """One attempt: the receiver's status, or None when no answer came."""
-        timestamp = str(int(time.time()))
+        timestamp = str(int(now))
         signed = f"{webhook_id}.{timestamp}.".encode() + body
         signature = base64.b64encode(hmac.digest(self._key, signed, "sha256"))
         parts = urlsplit(url)
@@ -422,8 +424,8 @@ class WebhookSender:
         """Act on an attempt's outcome: delivered, gone, or failed, and then retried on
         SCHEDULE unless it was a probe ahead of its event's schedule. `probe`: None, or
         when the receiver was last probed before it."""
-        seq, url, webhook_id, _, attempts, due = event
-        now = time.time()
+        seq, url, webhook_id, _, _, attempts, due = event
+        now = time.monotonic()
         if status == 410 and url in self.urls:  # gone: this process sends it no more
             # a new list, not this one changed: a request may be iterating it
             self.urls = [other for other in self.urls if other != url]
@@ -438,20 +440,18 @@ class WebhookSender:
             self._execute(self.DONE, seq=seq)
             state.probation.pop(url, None)
             if probe:  # through after a silence: the others follow now
-                self._execute(self.DUE_NOW, now=now, url=url)
+                self._execute(self.DUE_NOW, url=url)
             return self._say_failing(state, url, None)
         # no answer from the receiver itself: it is probed until one gets through
         if status in (None, 502, 503, 504):
             state.probation.setdefault(url, now)
         else:  # its answer, if no 2xx: it is back, its events go as usual
             state.probation.pop(url, None)
-        if probe and due > now:  # a probe ahead of the event's schedule
+        if probe and not due:  # a probe ahead of the event's schedule
             self._execute(self.RELEASE, seq=seq)
         elif attempts < len(self.SCHEDULE):
             delay = self.SCHEDULE[attempts] * random.uniform(1, 1.2)
-            self._execute(
-                self.RETRY, attempts=attempts + 1, next_at=now + delay, seq=seq
-            )
+            self._execute(self.RETRY, attempts=attempts + 1, delay=delay, seq=seq)
         else:
             self._execute(self.DONE, seq=seq)
             log_line(
@@ -466,10 +466,7 @@ class WebhookSender:
         answer"), and once when it takes events again (None), with how many wait."""
         if url in self.urls and (failure is None) == (url in state.failing):
             state.failing ^= {url}
-            rows = self._execute(
-                self.RECEIVERS if self._store else self.RECEIVERS_IN_MEMORY
-            )
-            waiting = sum(row[1] for row in rows if row[0] == url)
+            waiting = sum(row[1] for row in self.backlog() if row[0] == url)
             said = f"fails ({failure})" if failure else "takes events again"
             origin = receiver_origin(url)
             log_line(

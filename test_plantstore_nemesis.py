@@ -699,7 +699,8 @@ def test_nemesis_found_the_sender_claims_without_sorting_the_backlog(
         str(path)
     ).close()  # its tables and indexes, as it makes them
     now = time.time()
-    claim = {"lease": now + 17, "now": now, "url": "http://r/", "due": now, "free": 4}
+    claim = {"lease": 17, "now": now, "url": "http://r/", "ahead": 0, "free": 4}
+    claim["wall"] = now
     with contextlib.closing(sqlite3.connect(":memory:" if in_memory else path)) as db:
         if in_memory:  # the outbox in memory, as the sender makes it
             for statement in plantstore_webhooks.WebhookSender.IN_MEMORY:

@@ -58,6 +58,7 @@ from testbed import (
     assert_secret_kept,
     assert_unavailable,
     backlog,
+    clock_shifted,
     environ_without_tokens,
     first_retry_after,
     exchange,
@@ -65,6 +66,7 @@ from testbed import (
     frozen_postgres,
     in_threads,
     listed_ids,
+    made_by_1_5_0,
     make_read_only,
     next_link,
     over_http,
@@ -2543,18 +2545,17 @@ def test_the_senders_claim_reads_a_few_rows_of_a_large_backlog(pg_url):
     PostgresStore(pg_url).close()  # its tables and indexes, as it makes them
     event = plantstore_postgres._pyformat(plantstore_webhooks.WebhookSender.EVENT)
     with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("DROP INDEX plant_events_claims")  # as a granted role finds it
         with db.cursor() as cursor:  # written as the sender writes them
             cursor.executemany(
                 event,
                 [
                     {"url": "http://r/", "webhook_id": f"msg_{n}", "body": b"{}"}
-                    | {"created": time.time()}
                     for n in range(20_000)
                 ],
             )
         db.execute("ANALYZE plant_events")
-        now = time.time()
-        claim = {"lease": now + 17, "now": now, "url": "http://r/", "due": now}
+        claim = {"lease": 17, "url": "http://r/", "ahead": 0}
         with db.transaction(force_rollback=True):
             (((plan,),),) = [
                 db.execute(
@@ -2573,3 +2574,123 @@ def test_the_senders_claim_reads_a_few_rows_of_a_large_backlog(pg_url):
 
     assert plan[0]["Plan"]["Actual Rows"] == 4
     assert rows_read(plan[0]["Plan"]) < 50, json.dumps(plan, indent=1)
+
+
+# ---- The outbox's clock, PostgreSQL's own, and a role granted 1.5.0's tables ----
+
+
+def test_clock_a_host_an_hour_ahead_leaves_no_event_nor_lease_for_another_to_wait_out(
+    spawn, pg_url, receiver, tmp_path
+):
+    """Issue 57, item 7: two app hosts share PostgreSQL, one with its wall clock an
+    hour ahead. The host ahead stores 8 plants, takes 4 of their events to a receiver
+    that accepts and never answers, and is killed mid-attempt. The receiver comes back,
+    and the other host delivers all 8: the 4 at once, and the 4 leased once their lease
+    runs out, 17 s on. 1.5.0 wrote when each is due, and when a lease ends, by the
+    writer's clock: the other host saw the events due, and the leases out, an hour
+    later."""
+    silent = socket.socket()  # takes connections, in its backlog, and answers none
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    port = silent.getsockname()[1]
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=f"http://127.0.0.1:{port}/plant/webhook",
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+    )
+    ahead = clock_shifted(tmp_path / "ahead", 3600)
+    command = [sys.executable, "plantstore.py", "--port", "0"]
+    host = spawn(command, {**env, "PYTHONPATH": f"{ahead}{os.pathsep}{HERE}"})
+    address = Lines(host.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    for plant_id in range(8):
+        document = {"id": plant_id, "name": "Fern"}
+        assert post_over_http(*address, TOKEN, document)[0] == 200
+    leased = "SELECT count(*) FROM plant_events WHERE lease > 0"
+    wait_until(lambda: read_database(pg_url, leased) == [(4,)], "4 attempts began")
+    os.killpg(host.pid, signal.SIGKILL)
+    silent.close()
+    hook = receiver(port)
+    Lines(spawn(command, env).stderr).until("listening on")
+    assert sorted(event["id"] for event in hook.wait_for(8)) == list(range(8))
+
+
+def test_clock_a_host_an_hour_ahead_signs_with_postgresql_s_clock(
+    spawn, pg_url, receiver, tmp_path
+):
+    """Issue 57, item 7: an app host whose wall clock is an hour ahead signs its
+    webhooks with PostgreSQL's clock, as it dates its events: the receiver, which
+    refuses a webhook-timestamp 5 min off its own clock (as Standard Webhooks
+    libraries do), takes all 3 from that host. Signed by the host's own clock, none
+    got through."""
+    hook = receiver()
+    env = environ_without_tokens(
+        PLANTSTORE_TOKENS=TOKEN,
+        PLANTSTORE_DB=pg_url,
+        PLANTSTORE_WEBHOOK_URL=hook.url,
+        PLANTSTORE_WEBHOOK_SECRET=SECRET,
+        PYTHONPATH=f"{clock_shifted(tmp_path / 'ahead', 3600)}{os.pathsep}{HERE}",
+    )
+    host = spawn([sys.executable, "plantstore.py", "--port", "0"], env)
+    address = Lines(host.stderr).until(r"listening on http://([\d.]+):(\d+)/").groups()
+    for plant_id in range(3):
+        document = {"id": plant_id, "name": "Fern"}
+        assert post_over_http(*address, TOKEN, document)[0] == 200
+    assert sorted(event["id"] for event in hook.wait_for(3)) == [0, 1, 2]
+    assert all(status == 200 for *_, status in hook.deliveries)
+
+
+def test_outbox_a_role_granted_1_5_0_s_tables_claims_and_says_once_what_the_owner_runs(
+    limited_role, tmp_path, receiver, caplog
+):
+    """Issue 57, item 6: tables made by their owner with 1.5.0, granted to a role as
+    1.5.0's docs say. The role may add no index, table or trigger: the service starts
+    all the same, claims and delivers as 1.5.0 did, and says once, in one line, the SQL
+    that the owner runs; run as it is in psql, it gives the outbox its counts, which
+    the service uses from its next start."""
+    made_by_1_5_0(tmp_path / "1.5.0", limited_role["owner"])
+    grant_the_tables(limited_role)
+    hook = receiver()
+
+    def served():
+        return make_app(
+            [TOKEN],
+            store=PostgresStore(limited_role["url"]),
+            webhook_urls=[hook.url],
+            webhook_secret=SECRET,
+        )
+
+    with caplog.at_level("INFO", logger="plantstore"):
+        first = served()
+    said = [r.getMessage() for r in caplog.records if "psql" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
+    assert limited_role["password"] not in said[0]
+    try:
+        post(webtest.TestApp(first), {"id": 1, "name": "Fern"}, 200)
+        assert [event["id"] for event in hook.wait_for(1)] == [1]
+    finally:
+        first.webhook_sender.close()
+    owner = psycopg.conninfo.conninfo_to_dict(limited_role["owner"])
+    names = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER"}
+    names |= {"password": "PGPASSWORD", "dbname": "PGDATABASE"}
+    subprocess.run(  # the owner, with psql: every secret in its environment
+        ["psql", "-v", "ON_ERROR_STOP=1", "-q"],
+        input=said[0].partition("run once in psql: ")[2].partition("; then")[0],
+        env={**os.environ, **{names[key]: owner[key] for key in names}},
+        text=True,
+        check=True,
+        timeout=WAIT,
+    )
+    caplog.clear()
+    with caplog.at_level("INFO", logger="plantstore"):
+        second = served()
+    try:
+        assert second.store.counting is None  # the counts, read
+        assert not [r for r in caplog.records if "psql" in r.getMessage()]
+        post(webtest.TestApp(second), {"id": 2, "name": "Fern"}, 200)
+        assert [event["id"] for event in hook.wait_for(2)] == [1, 2]
+        scraped = webtest.TestApp(second).get("/metrics", headers=AUTH, status=200)
+        waiting = read_metrics(scraped.text)["plantstore_webhook_events_waiting"]
+        assert waiting == {hook.url.rpartition("/plant")[0]: 0}
+    finally:
+        second.webhook_sender.close()

@@ -34,7 +34,7 @@ import webtest
 
 import plantstore_webhooks
 import plantstore_app
-from plantstore_postgres import PostgresStore
+from plantstore_postgres import PostgresStore, _pyformat
 from plantstore_accelerators import ChunkedStore
 from plantstore_app import make_app
 from plantstore_sqlite import SQLiteStore
@@ -50,6 +50,8 @@ from testbed import (
     environ_without_tokens,
     first_retry_after,
     free_port,
+    left_by_1_5_0,
+    made_by_1_5_0,
     over_http,
     post,
     post_over_http,
@@ -1963,3 +1965,124 @@ def test_each_worker_that_said_a_receiver_fails_says_when_it_takes_events_again(
     back = receiver(port)
     assert sorted(plant["id"] for plant in back.wait_for(5)) == list(range(5))
     wait_until(lambda: said("takes events again") == said("fails"), err.so_far)
+
+
+# ---- The outbox at a large backlog, and its clock (issue 57, items 6 and 7) ----
+
+
+def measuring(store, reads):
+    """Have each statement the store runs on the outbox say what it reads, as it
+    runs, in reads: on PostgreSQL, the rows its plan's scans gave and set aside
+    (EXPLAIN ANALYZE, just before it, rolled back); on SQLite, its virtual machine's
+    steps."""
+    execute = store.execute
+
+    def plan_reads(node):
+        own = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+        own *= node["Actual Loops"] if "Scan" in node["Node Type"] else 0
+        return own + sum(plan_reads(child) for child in node.get("Plans", []))
+
+    def measured(db, sql, parameters, deadline):
+        if "plant_event" not in sql:
+            return execute(db, sql, parameters, deadline)
+        if isinstance(store, SQLiteStore):
+            steps = [0]
+            db.set_progress_handler(lambda: steps.__setitem__(0, steps[0] + 1), 1)
+            try:
+                rows = execute(db, sql, parameters, deadline)
+                fetched = rows.fetchall()
+            finally:
+                db.set_progress_handler(None, 1)
+            reads.append((sql, steps[0]))
+            return types.SimpleNamespace(
+                description=rows.description, fetchall=lambda: fetched
+            )
+        within = db.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        db.execute("SAVEPOINT measured" if within else "BEGIN")
+        explain = "EXPLAIN (ANALYZE, FORMAT JSON) "
+        if parameters:
+            explained = db.execute(explain + _pyformat(sql), parameters)
+        else:  # psycopg reads no placeholder then, as the store runs it
+            explained = db.execute(explain + sql)
+        reads.append((sql, plan_reads(explained.fetchone()[0][0]["Plan"])))
+        db.execute("ROLLBACK TO SAVEPOINT measured" if within else "ROLLBACK")
+        return execute(db, sql, parameters, deadline)
+
+    store.execute = measured
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_outbox_each_claim_and_scrape_reads_a_few_rows_of_100_000_waiting_events(
+    kind, request, tmp_path, receiver
+):
+    """Issue 57, item 6: a receiver down for a day, 100,000 events waiting for it, in a
+    database made and filled by 1.5.0, and another receiver that takes its events.
+    Upgraded in place at start, the service delivers the second one's events and
+    answers a scrape, and each statement it ran on the outbox, run again, reads a few
+    rows, not the backlog: 1.5.0's scrape counted every event, and on PostgreSQL
+    each claim of the healthy receiver walked the other's backlog (1.6 s and 2.3 s at
+    10M, where /metrics then said the database was down)."""
+    db = request.getfixturevalue("pg_url") if kind == "postgres" else tmp_path / "db"
+    made_by_1_5_0(tmp_path / "1.5.0", db)
+    down, hook = f"http://127.0.0.1:{free_port()}/plant/webhook", receiver()
+    left_by_1_5_0(db, down, 100_000, ago=86400)
+    left_by_1_5_0(db, hook.url, 20, ago=1)
+    store = PostgresStore(db) if kind == "postgres" else SQLiteStore(db)
+    reads = []
+    measuring(store, reads)
+    served = make_app(
+        [TOKEN], store=store, webhook_urls=[down, hook.url], webhook_secret=SECRET
+    )
+    waiting = {
+        down.rpartition("/plant")[0]: 100_000,
+        hook.url.rpartition("/plant")[0]: 0,
+    }
+
+    def scraped(family="plantstore_webhook_events_waiting"):
+        text = webtest.TestApp(served).get("/metrics", headers=AUTH, status=200).text
+        return read_metrics(text)[family]
+
+    try:
+        assert len(hook.wait_for(20)) == 20
+        wait_until(lambda: scraped() == waiting, scraped)  # each delivery settled
+        assert scraped("plantstore_database_up") == 1
+    finally:
+        served.webhook_sender.close()
+    most = {}  # the most each statement read
+    for sql, count in reads:
+        most[sql[:40]] = max(count, most.get(sql[:40], 0))
+    assert max(most.values()) < (1000 if kind == "postgres" else 5000), most
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+def test_clock_a_step_back_of_an_hour_leaves_no_event_waiting_an_hour(
+    kind, request, tmp_path, webhook_app, receiver, monkeypatch
+):
+    """Issue 57, item 7: a host's wall clock an hour ahead while 8 events are tried
+    once each, their receiver down; then the clock set right, an hour back; then the
+    receiver back: every event arrives in seconds, as its schedule says. 1.5.0 read
+    when each was due, and when to probe the receiver again, on the wall clock: they
+    waited an hour."""
+    wall, wall_ns = time.time, time.time_ns
+    monkeypatch.setattr(time, "time", lambda: wall() + 3600)
+    monkeypatch.setattr(time, "time_ns", lambda: wall_ns() + 3600 * 10**9)
+    store = {
+        "memory": ChunkedStore,
+        "sqlite": lambda: SQLiteStore(tmp_path / "plants.sqlite3"),
+        "postgres": lambda: PostgresStore(request.getfixturevalue("pg_url")),
+    }[kind]()
+    port = free_port()
+    app = webhook_app(store, f"http://127.0.0.1:{port}/plant/webhook")
+    monkeypatch.setattr(plantstore_webhooks.WebhookSender, "SCHEDULE", (1, 300))
+    for plant_id in range(8):
+        post(app, {"id": plant_id, "name": "Fern"}, 200)
+
+    def failing():
+        read = read_metrics(app.get("/metrics", headers=AUTH, status=200).text)
+        return read["plantstore_webhook_events_failing"][f"http://127.0.0.1:{port}"]
+
+    wait_until(lambda: failing() == 8, "every event was tried once")
+    monkeypatch.setattr(time, "time", wall)  # set right: receivers check the time
+    monkeypatch.setattr(time, "time_ns", wall_ns)
+    hook = receiver(port)
+    assert sorted(event["id"] for event in hook.wait_for(8)) == list(range(8))

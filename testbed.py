@@ -344,7 +344,7 @@ class Postgres:
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as db:
-            db.execute("DROP TABLE IF EXISTS plants, plant_events")
+            db.execute("DROP TABLE IF EXISTS plants, plant_events, plant_event_counts")
 
 
 # pytest registers a fixture again in each file that imports it, each registration
@@ -1451,7 +1451,8 @@ def same_backlog_from_every_worker(spawn, db, creates=10, scrapes=12):
 
 
 RELEASE_1_3_0 = "6cbd149"  # the commit of 1.3.0: an upgrade is tested with its own code
-RELEASE_1_4_0 = "ab8de6f"  # the commit of 1.4.0, the last release
+RELEASE_1_4_0 = "ab8de6f"  # the commit of 1.4.0
+RELEASE_1_5_0 = "25eeb94"  # the commit of 1.5.0, the last release
 
 
 def release(commit, version, names, folder):
@@ -1483,6 +1484,74 @@ def plantstore_1_4_0(folder):
     """1.4.0's plantstore.py and plantstore_postgres.py in folder; its plantstore.py."""
     names = ["plantstore.py", "plantstore_postgres.py"]
     return release(RELEASE_1_4_0, "1.4.0", names, folder)
+
+
+def made_by_1_5_0(folder, db):
+    """1.5.0's tables in db (a PostgreSQL URL or an SQLite path), made by 1.5.0's own
+    code, in a process of its own: the URL is never on a command line."""
+    release(RELEASE_1_5_0, "1.5.0", ["plantstore.py", "plantstore_postgres.py"], folder)
+    make = (
+        "import os, plantstore, plantstore_postgres; db = os.environ['DB']; ("
+        "plantstore_postgres.PostgresStore if '://' in db else plantstore.SQLiteStore"
+        ")(db).close()"
+    )
+    subprocess.run(
+        [sys.executable, "-c", make],
+        cwd=folder,
+        env={**os.environ, "DB": str(db)},
+        check=True,
+        timeout=WAIT,
+    )
+
+
+def left_by_1_5_0(db, url, count, ago=3600):
+    """`count` events waiting for url, as 1.5.0 writes them (due at their birth, by the
+    writer's clock), born over the last `ago` seconds, written in one statement."""
+    fill = (
+        "INSERT INTO plant_events (url, webhook_id, body, next_at, created)"
+        " SELECT {url}, 'msg_' || n, {body}, {at}, {at} FROM {numbers}"
+    )
+    at = f"{time.time() - ago} + n * {ago / count}"
+    body = b'{"id": 1, "name": "Fern"}'
+    if "://" in str(db):
+        import psycopg  # here, not at the top: see this file's docstring
+
+        numbers = f"generate_series(1, {count}) AS n"
+        with psycopg.connect(db, autocommit=True) as connection:
+            connection.execute(
+                fill.format(url="%s", body="%s", at=at, numbers=numbers), (url, body)
+            )
+            connection.execute("ANALYZE plant_events")
+        return
+    numbers = (
+        "(WITH RECURSIVE n (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM n"
+        f" WHERE n < {count}) SELECT n FROM n)"
+    )
+    with contextlib.closing(sqlite3.connect(db)) as connection, connection:
+        connection.execute(
+            fill.format(url="?", body="?", at=at, numbers=numbers), (url, body)
+        )
+        connection.execute("ANALYZE")
+
+
+CLOCK_SHIFTED = """\
+# Written by testbed.clock_shifted for one test: every Python process started with this
+# folder on PYTHONPATH reads a wall clock {seconds} s off, as a host whose clock is
+# wrong would (time.monotonic() is left as it is, as such a host's is).
+import time
+
+_time, _time_ns = time.time, time.time_ns
+time.time = lambda: _time() + {seconds}
+time.time_ns = lambda: _time_ns() + {seconds} * 10**9
+"""
+
+
+def clock_shifted(folder, seconds):
+    """A folder to put first on the PYTHONPATH of processes whose wall clock is to be
+    `seconds` off (its sitecustomize.py, above)."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(CLOCK_SHIFTED.format(seconds=seconds))
+    return folder
 
 
 def event_columns(db):
