@@ -79,11 +79,13 @@ class PostgresStore(SQLStore):
     # that a build cut short left unusable, none building it, is made again); and each
     # receiver's events counted, as they come and go, by triggers that run as the
     # owner (so that a role granted 1.5.0's tables writes on), a statement's changes
-    # added up in one row a receiver: a 410's thousands of deletes are one change.
+    # added up in one row a receiver (a 410's thousands of deletes are one change), in
+    # the transaction's slot of 64: creates of two processes seldom take turns on one,
+    # and rows of one slot are locked in one order (no deadlock).
     COUNT = (
-        "INSERT INTO plant_event_counts SELECT url, sum(n), sum(failed),"
-        " sum(size) FROM ({}) AS event (url, n, failed, size) GROUP BY url"
-        f" HAVING sum(n) <> 0 OR sum(failed) <> 0 {SQLStore.ADD}"
+        "INSERT INTO plant_event_counts SELECT url, sum(n), sum(failed), sum(size),"
+        " txid_current() % 64 FROM ({}) AS event (url, n, failed, size) GROUP BY url"
+        f" HAVING sum(n) <> 0 OR sum(failed) <> 0 ORDER BY url {SQLStore.ADD}"
     )
     CAME = "SELECT url, 1, sign(attempts), length(body) FROM came"
     WENT = "SELECT url, -1, -sign(attempts), -length(body) FROM went"
@@ -100,7 +102,9 @@ class PostgresStore(SQLStore):
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS plant_events_age"
         " ON plant_events (url, created)",
         "BEGIN",
-        "SELECT pg_advisory_xact_lock(7274)",
+        # one start at a time; a table lock, not an advisory one, whose wait would
+        # leave to_regclass() saying no counts after another start made them
+        "LOCK TABLE plant_events IN SHARE ROW EXCLUSIVE MODE",
         "DO $do$ BEGIN IF to_regclass('plant_event_counts') IS NULL THEN"
         f" {SQLStore.COUNTS_TABLE}; CREATE OR REPLACE FUNCTION plant_event_count()"
         " RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM"
@@ -118,7 +122,7 @@ class PostgresStore(SQLStore):
         f" ON plant_events {FOR_EACH};"
         # what waits already, counted once: writes wait for it (the triggers' lock)
         " INSERT INTO plant_event_counts SELECT url, count(*), count(*) FILTER (WHERE"
-        " attempts > 0), sum(length(body)) FROM plant_events GROUP BY url; END IF;"
+        " attempts > 0), sum(length(body)), 0 FROM plant_events GROUP BY url; END IF;"
         " END $do$",
         "COMMIT",
     )

@@ -77,14 +77,17 @@ class SQLStore(Store):
     STOPS_FOR_FORK = True
     schema = ()  # the statements that make the tables, in the engine's own DDL
     UPGRADE = INDEXES = ()  # what 1.3.0's tables lack, and the indexes made after it
-    # the outbox's counts, a row a receiver (the engine's triggers keep them), and the
-    # change a row of events makes to them
+    # the outbox's counts, kept by the engine's triggers: a receiver's are the sum of
+    # its rows, one a slot (SQLite's, one; PostgreSQL's, as many as a transaction can
+    # take apart from another, which would wait for its commit on a shared row); and
+    # the change a row of events makes to them
     COUNTS_TABLE = (
-        "CREATE TABLE IF NOT EXISTS plant_event_counts (url TEXT PRIMARY KEY,"
-        " waiting BIGINT NOT NULL, failing BIGINT NOT NULL, bytes BIGINT NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS plant_event_counts (url TEXT, waiting BIGINT NOT"
+        " NULL, failing BIGINT NOT NULL, bytes BIGINT NOT NULL, slot INTEGER NOT NULL,"
+        " PRIMARY KEY (url, slot))"
     )
     ADD = (
-        "ON CONFLICT (url) DO UPDATE SET"
+        "ON CONFLICT (url, slot) DO UPDATE SET"
         " waiting = plant_event_counts.waiting + excluded.waiting,"
         " failing = plant_event_counts.failing + excluded.failing,"
         " bytes = plant_event_counts.bytes + excluded.bytes"

@@ -43,18 +43,18 @@ class SQLiteStore(SQLStore):
     # them too; a file of 1.5.0 gets them at its first start, its events counted then.
     CAME = (
         "INSERT INTO plant_event_counts VALUES (NEW.url, 1, NEW.attempts > 0,"
-        f" length(NEW.body)) {SQLStore.ADD};"
+        f" length(NEW.body), 0) {SQLStore.ADD};"
     )
     WENT = (
         "INSERT INTO plant_event_counts VALUES (OLD.url, -1, -(OLD.attempts > 0),"
-        f" -length(OLD.body)) {SQLStore.ADD};"
+        f" -length(OLD.body), 0) {SQLStore.ADD};"
     )
     COUNTS = (
         "BEGIN IMMEDIATE",
         SQLStore.COUNTS_TABLE,
         # what waits already, counted once: as the triggers that count the rest come
         "INSERT INTO plant_event_counts SELECT url, count(*), total(attempts > 0),"
-        " total(length(body)) FROM (SELECT 1 WHERE NOT EXISTS (SELECT * FROM"
+        " total(length(body)), 0 FROM (SELECT 1 WHERE NOT EXISTS (SELECT * FROM"
         " sqlite_master WHERE name = 'plant_event_came')) CROSS JOIN plant_events"
         " GROUP BY url",
         "CREATE TRIGGER IF NOT EXISTS plant_event_came AFTER INSERT ON plant_events"

@@ -114,8 +114,9 @@ class WebhookSender:
     # by receiver: the events waiting, those whose last attempt failed, and since when
     # the oldest's plant was made, as the outbox's counts say, and one index entry
     RECEIVERS = (
-        "SELECT url, waiting, failing, :now - (SELECT min(created) FROM plant_events"
-        " WHERE url = c.url) FROM plant_event_counts AS c WHERE waiting > 0"
+        "SELECT url, sum(waiting), sum(failing), :now - (SELECT min(created) FROM"
+        " plant_events WHERE url = c.url) FROM plant_event_counts AS c GROUP BY url"
+        " HAVING sum(waiting) > 0"
     )
 
     def __init__(self, urls, secret, store):
