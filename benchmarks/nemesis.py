@@ -1084,7 +1084,7 @@ class Run:
             calm = rng.uniform(*CALM)
             first = rng.choice(kinds)
             chosen = [first]
-            others = [k for k in kinds if FAULTS[k].target != FAULTS[first].target]
+            others = [k for k in kinds if self.target(k) != self.target(first)]
             if others and rng.random() < TOGETHER:
                 chosen.append(rng.choice(others))
             drawn = []
@@ -1133,7 +1133,7 @@ class Run:
             self.note(kind, f"{kind} failed: {type(error).__name__}: {error}")
         entry = {
             "kind": kind,
-            "target": FAULTS[kind].target,
+            "target": self.target(kind),
             "seconds": seconds,
             "detail": detail,
             "start": round(start, 3),
@@ -1142,6 +1142,14 @@ class Run:
         if FAULTS[kind].target.startswith("receiver"):
             entry["receiver"] = "b" if kind == "receiver-b-down" else "a"
         self.faults.append(entry)
+
+    def target(self, kind):
+        """What a fault acts on; two at once act on different ones. PostgreSQL's power
+        loss is the database's host: drawn with pg-restart, each stopped and started
+        PostgreSQL under the other, and pg_ctl failed ("could not start server")."""
+        if kind == "power-loss" and self.options.store == "postgres":
+            return "database"
+        return FAULTS[kind].target
 
     def fault_kill_worker(self, _seconds, which):
         self.server.kill_worker(which)
