@@ -8,7 +8,7 @@ request id the answer carries. PostgreSQL's cases are test_plantstore_postgres.p
 
 import contextlib
 import io
-import math
+import os
 import re
 import sqlite3
 import subprocess
@@ -297,8 +297,10 @@ def test_metrics_a_1_3_0_sqlite_upgrade_that_outlasts_the_bound_starts_each_work
     took 6.5 s to upgrade here, and gunicorn -w 2 on it stopped ("App failed to load"):
     the other worker's wait for the writers' turn at start gives up after
     DB_WAIT_SECONDS, which the upgrade outlasts. Here a trigger the test adds makes a
-    small file's upgrade last about 8 s on any machine (calibrated), so that both
-    workers must wait it out."""
+    small file's upgrade last 8 s at least on any machine: it sleeps 10 ms for each of
+    800 events, in the workers, through a function their sitecustomize gives SQLite.
+    (Calibrated by the trigger's CPU time, as it was, a machine at load 15 that then
+    calmed down made it 3.9 s.)"""
     old = plantstore_1_3_0(tmp_path / "1.3.0")
     path = tmp_path / "plants.sqlite3"
     make = "import sys, plantstore; plantstore.SQLiteStore(sys.argv[1])"
@@ -313,20 +315,24 @@ def test_metrics_a_1_3_0_sqlite_upgrade_that_outlasts_the_bound_starts_each_work
         " VALUES ('http://hooks.example/a', 'msg_x', x'7b7d', 0)"
     )
     with contextlib.closing(sqlite3.connect(path)) as db, db:
-        db.execute("CREATE TABLE slow (n)")
-        db.executemany("INSERT INTO slow VALUES (?)", [(n,) for n in range(3000)])
         db.execute(
             "CREATE TRIGGER slow_upgrade AFTER UPDATE ON plant_events"
-            " BEGIN SELECT count(*) FROM slow a, slow b; END"
+            " BEGIN SELECT pause(0.01); END"
         )
-        db.execute(insert)
-        took = []
-        for _ in range(3):  # what the upgrade pays an event, at its least: a busy
-            started = time.monotonic()  # moment here would make the upgrade short
-            db.execute("UPDATE plant_events SET next_at = 0")
-            took.append(time.monotonic() - started)
-        db.executemany(insert, [()] * (math.ceil(8 / min(took)) - 1))  # 8 s in all
+        db.executemany(insert, [()] * 800)
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import sqlite3, time\n"
+        "connect = sqlite3.connect\n"
+        "def paused(*args, **kwargs):\n"
+        "    db = connect(*args, **kwargs)\n"
+        "    db.create_function('pause', 1, time.sleep)\n"
+        "    return db\n"
+        "sqlite3.connect = paused\n"
+    )
     env = environ_without_tokens(PLANTSTORE_TOKENS=TOKEN, PLANTSTORE_DB=str(path))
+    env["PYTHONPATH"] = f"{slow}{os.pathsep}{HERE}"
     started = time.monotonic()
     _, _, _, err = start_gunicorn(spawn, env, 2, 4)
     while sum(line.count(", plants in ") for line in err.seen) < 2:
