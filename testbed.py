@@ -141,8 +141,9 @@ class Lines:
         threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
 
     def _pump(self, stream):
-        for line in stream:
-            self.queue.put(line)
+        with contextlib.suppress(ValueError):  # closed by spawn's end, as it is read
+            for line in stream:
+                self.queue.put(line)
         self.queue.put(None)
 
     def until(self, pattern):
